@@ -1,0 +1,130 @@
+"""One typed configuration, loaded from YAML; every default is written here and nowhere else.
+
+Sections follow the pipeline. A stage's fingerprint includes only the sections it
+reads (see `STAGE_SETTINGS`), so changing a search setting never re-runs indexing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChunkConfig(_Section):
+    chunk_tokens: int = Field(1024, ge=16, description="token bound of a text chunk")
+    overlap_tokens: int = Field(0, ge=0)
+    extensions: list[str] = [".txt", ".md"]
+    max_file_bytes: int = Field(20_000_000, ge=1, description="larger files are skipped with a warning")
+
+
+class GraphConfig(_Section):
+    betweenness_pivots: int = Field(10, ge=1)
+    seed: int = 42
+    leiden_resolution: float = Field(1.0, gt=0)
+    max_community_tokens: int = Field(3000, ge=100, description="text of a community shown to the engine")
+    attribute_max_tokens: int = Field(2000, ge=100, description="S and R text shown per entity attribute")
+
+
+class EmbeddingConfig(_Section):
+    backend: Literal["wordllama", "litellm"] = "wordllama"
+    model: str = "l2_supercat"
+    dim: int = Field(256, ge=8)
+    batch_size: int = Field(512, ge=1)
+    api_base: str | None = None
+    api_key_env: str | None = None
+
+
+class HnswConfig(_Section):
+    m: int = Field(32, ge=4)
+    ef_construction: int = Field(200, ge=8)
+    ef_search: int = Field(128, ge=8)
+
+
+class LLMConfig(_Section):
+    """The engine for the LLM tasks. `offline` needs no model, key or network."""
+
+    engine: Literal["offline", "litellm"] = "offline"
+    model: str = "gpt-4o-mini"
+    api_base: str | None = None
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the key")
+    temperature: float = 0.0
+    max_output_tokens: int = Field(2048, ge=16)
+    context_window: int = Field(16384, ge=512)
+    concurrency: int = Field(8, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    timeout_seconds: float = Field(120.0, gt=0)
+    retries: int = Field(5, ge=0)
+    structured_output: bool = True
+
+
+class SearchConfig(_Section):
+    vector_top_k: int = Field(10, ge=0)
+    ppr_alpha: float = Field(0.5, gt=0, le=1)
+    ppr_iterations: int = Field(2, ge=0)
+    ppr_variant: Literal["paper", "lazy"] = "paper"
+    cross_t: int = Field(10, ge=0)
+    cross_s: int = Field(10, ge=0)
+    cross_a: int = Field(10, ge=0)
+    cross_h: int = Field(10, ge=0)
+    cross_r: int = Field(30, ge=0)
+    budget_tokens: int = Field(6000, ge=1)
+    use_exact: bool = True
+    use_vector: bool = True
+
+    def quotas(self) -> dict[str, int]:
+        return {"T": self.cross_t, "S": self.cross_s, "A": self.cross_a, "H": self.cross_h, "R": self.cross_r}
+
+
+class Config(_Section):
+    chunk: ChunkConfig = ChunkConfig()
+    graph: GraphConfig = GraphConfig()
+    embedding: EmbeddingConfig = EmbeddingConfig()
+    hnsw: HnswConfig = HnswConfig()
+    llm: LLMConfig = LLMConfig()
+    search: SearchConfig = SearchConfig()
+
+    def engine_signature(self) -> dict:
+        """What decides the engine's output: part of every LLM stage's fingerprint."""
+        if self.llm.engine == "offline":
+            return {"engine": "offline"}
+        return {"engine": "litellm", "model": self.llm.model, "temperature": self.llm.temperature,
+                "max_output_tokens": self.llm.max_output_tokens}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate."""
+
+
+def load_config(path: Path | None = None, overrides: dict | None = None) -> Config:
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except FileNotFoundError as err:
+            raise ConfigError(f"config file not found: {path}") from err
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from err
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections")
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"invalid config at {where}: {first['msg']}") from err
+
+
+def config_to_yaml(config: Config) -> str:
+    """The effective config as written into a workspace. Holds env var names, never their values."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

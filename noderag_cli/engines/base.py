@@ -1,0 +1,106 @@
+"""The five LLM tasks of NodeRAG behind one small interface.
+
+Every task is batched (a stage hands the engine all its items at once) so that an
+engine with network calls can run them concurrently; the offline engine just loops.
+A task item either succeeds or comes back as a `Failure`, which a stage records and
+never stores as content.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+Progress = Callable[[int], None]
+"""Called with the number of items just finished, so a stage can advance its bar."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One semantic unit of a chunk: a self-contained statement, its entities and triples."""
+
+    text: str
+    entities: tuple[str, ...] = ()
+    relations: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Element:
+    """One high-level element of a community: a keyword title (O) and its description (H)."""
+
+    title: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    chunk_id: str
+    text: str
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class AttributeInput:
+    """An important entity and the texts of its S and R neighbours (not raw chunks)."""
+
+    entity: str
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CommunityInput:
+    """A community's S and A member texts, already cut to the configured token budget."""
+
+    community: int
+    texts: tuple[str, ...]
+
+
+@dataclass
+class TaskStats:
+    """LLM accounting for one task, shown by `noderag stats` per stage."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: TaskStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class EngineStats:
+    by_task: dict[str, TaskStats] = field(default_factory=dict)
+    failure_reasons: Counter = field(default_factory=Counter)
+
+    def task(self, name: str) -> TaskStats:
+        return self.by_task.setdefault(name, TaskStats())
+
+
+class Engine(Protocol):
+    """What a stage may ask of an engine. `name` goes into stage fingerprints."""
+
+    name: str
+    stats: EngineStats
+
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]: ...
+
+    def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]: ...
+
+    def community_elements(
+        self, items: Sequence[CommunityInput], progress: Progress | None = None
+    ) -> list[list[Element] | Failure]: ...
+
+    def query_entities(self, question: str) -> list[str]: ...
+
+    def answer(self, question: str, context: str) -> str: ...

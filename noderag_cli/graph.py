@@ -1,0 +1,227 @@
+"""Node and edge types, stable ids, table schemas, and the CSR graph built from the tables.
+
+Ids are `<type>_<16 hex>` where the hex is a BLAKE2b hash of the type and the node's
+normalised content, so they are identical across processes, runs and machines.
+Nothing else in the package builds ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import scipy.sparse as sp
+
+NODE_TYPES = ("T", "S", "N", "R", "A", "H", "O")
+RETRIEVABLE_TYPES = ("T", "S", "A", "H", "R")
+EMBEDDED_TYPES = ("T", "S", "A", "H")
+EDGE_KINDS = ("S-N", "S-R", "R-N", "A-N", "H-O", "H-S", "H-A", "T-S", "similarity")
+
+NODE_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),  # `<type>_<hash>`
+        ("type", pa.string()),  # one of NODE_TYPES
+        ("text", pa.string()),  # what the context shows; N and O: the name
+        ("name", pa.string()),  # N: entity name, O: title, A: its entity's name, else ""
+        ("chunk_ids", pa.list_(pa.string())),  # T chunks the node was derived from, sorted
+        ("doc_ids", pa.list_(pa.string())),  # documents those chunks belong to, sorted
+        ("tokens", pa.int32()),  # tokens of `text` under the one tokenizer (nlp.count_tokens)
+        ("mentions", pa.int32()),  # N: mentions across units; S: chunks stating it; else 1
+        ("community", pa.int32()),  # Leiden community (-1 where the node was not in the partition)
+        ("vector_row", pa.int32()),  # row in vectors.faiss, -1 when not embedded
+    ]
+)
+NODE_COLUMNS = NODE_SCHEMA.names
+
+EDGE_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # the smaller id of the pair: edges are undirected
+        ("target", pa.string()),
+        ("kind", pa.string()),  # one of EDGE_KINDS; a structural kind wins over "similarity"
+        ("weight", pa.float32()),  # 1 per time the pair was connected (structure, HNSW)
+        ("hnsw", pa.bool_()),  # the pair is also in the HNSW base layer
+    ]
+)
+EDGE_COLUMNS = EDGE_SCHEMA.names
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.blake2b("\x1f".join(parts).encode("utf-8"), digest_size=8).hexdigest()
+
+
+_LEADING_ARTICLE = re.compile(r"^(the|a|an)\s+", re.IGNORECASE)
+_EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
+
+
+def normalize_name(name: str) -> str:
+    """Case-folded, whitespace-collapsed, article- and possessive-free: "the Nobel Prize's" -> "nobel prize"."""
+    text = unicodedata.normalize("NFKC", name).replace("\u2019", "'")
+    text = re.sub(r"\s+", " ", text).strip()
+    text = re.sub(r"'s$", "", text)
+    text = _EDGE_PUNCT.sub("", text)
+    text = _LEADING_ARTICLE.sub("", text)
+    return text.casefold()
+
+
+def normalize_text(text: str) -> str:
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip()
+
+
+def document_id(relative_path: str) -> str:
+    return "D_" + _hash("D", relative_path)
+
+
+def chunk_id(text: str) -> str:
+    return "T_" + _hash("T", normalize_text(text))
+
+
+def unit_id(text: str) -> str:
+    return "S_" + _hash("S", normalize_text(text))
+
+
+def entity_id(name: str) -> str:
+    return "N_" + _hash("N", normalize_name(name))
+
+
+def relation_id(source: str, relation: str, target: str) -> str:
+    return "R_" + _hash("R", normalize_name(source), normalize_text(relation).casefold(), normalize_name(target))
+
+
+def attribute_id(entity_node_id: str) -> str:
+    return "A_" + _hash("A", entity_node_id)
+
+
+def high_level_id(text: str) -> str:
+    return "H_" + _hash("H", normalize_text(text))
+
+
+def overview_id(title: str) -> str:
+    return "O_" + _hash("O", normalize_name(title))
+
+
+def node_type(node_id: str) -> str:
+    return node_id[0]
+
+
+def nodes_table(rows: dict[str, list]) -> pa.Table:
+    return pa.Table.from_pydict(rows, schema=NODE_SCHEMA)
+
+
+def edges_table(rows: dict[str, list]) -> pa.Table:
+    return pa.Table.from_pydict(rows, schema=EDGE_SCHEMA)
+
+
+def empty_nodes() -> pa.Table:
+    return NODE_SCHEMA.empty_table()
+
+
+def empty_edges() -> pa.Table:
+    return EDGE_SCHEMA.empty_table()
+
+
+def make_edges(pairs: list[tuple[str, str]], kind: str) -> pa.Table:
+    """Undirected edges of one kind from id pairs: canonical order, duplicates summed into weight."""
+    if not pairs:
+        return empty_edges()
+    a = pa.array([p[0] for p in pairs], pa.string())
+    b = pa.array([p[1] for p in pairs], pa.string())
+    first = pc.less(a, b)
+    table = pa.table(
+        {"source": pc.if_else(first, a, b), "target": pc.if_else(first, b, a),
+         "kind": pa.array([kind] * len(pairs), pa.string()), "weight": pa.array(np.ones(len(pairs), np.float32)),
+         "hnsw": pa.array(np.zeros(len(pairs), bool))}
+    )
+    return merge_edges([table])
+
+
+def merge_edges(tables: list[pa.Table]) -> pa.Table:
+    """Union of edge tables: one row per pair, weights summed, structural kind kept, sorted."""
+    table = pa.concat_tables([t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows])
+    if table.num_rows == 0:
+        return empty_edges()
+    sim_rank = pc.equal(table["kind"], "similarity").cast(pa.int8())
+    table = table.append_column("_sim", sim_rank)
+    table = table.sort_by([("source", "ascending"), ("target", "ascending"), ("_sim", "ascending")])
+    grouped = table.group_by(["source", "target"], use_threads=False).aggregate(
+        [("kind", "first"), ("weight", "sum"), ("hnsw", "any")]
+    )
+    grouped = grouped.rename_columns(["source", "target", "kind", "weight", "hnsw"])
+    return grouped.sort_by([("source", "ascending"), ("target", "ascending")]).cast(EDGE_SCHEMA)
+
+
+@dataclass
+class Graph:
+    """The heterograph as arrays: node order = nodes table order, a symmetric CSR adjacency."""
+
+    ids: np.ndarray  # object array of node ids
+    types: np.ndarray  # '<U1' array
+    adjacency: sp.csr_matrix  # weighted, symmetric
+    index_of: dict[str, int]
+
+    @classmethod
+    def from_tables(cls, nodes: pa.Table, edges: pa.Table) -> Graph:
+        ids = np.asarray(nodes["id"].to_pylist(), dtype=object)
+        index_of = {node: i for i, node in enumerate(ids.tolist())}
+        n = len(ids)
+        src = np.fromiter((index_of[s] for s in edges["source"].to_pylist()), dtype=np.int64, count=edges.num_rows)
+        dst = np.fromiter((index_of[t] for t in edges["target"].to_pylist()), dtype=np.int64, count=edges.num_rows)
+        weight = edges["weight"].to_numpy().astype(np.float64)
+        adjacency = sp.coo_matrix(
+            (np.concatenate([weight, weight]), (np.concatenate([src, dst]), np.concatenate([dst, src]))), shape=(n, n)
+        ).tocsr()
+        types = np.asarray(nodes["type"].to_pylist(), dtype="<U1")
+        return cls(ids=ids, types=types, adjacency=adjacency, index_of=index_of)
+
+
+class NodeSet:
+    """Accumulates nodes while a stage builds them: same id merges chunk ids and mentions;
+    the display name is the most frequent surface form (ties: the smallest)."""
+
+    def __init__(self):
+        self._rows: dict[str, dict] = {}
+
+    def add(self, node: str, text: str, chunk_ids=(), name: str = "", mentions: int = 1) -> str:
+        row = self._rows.get(node)
+        if row is None:
+            row = self._rows[node] = {"text": Counter(), "name": Counter(), "chunk_ids": set(), "mentions": 0}
+        row["text"][text] += 1
+        if name:
+            row["name"][name] += 1
+        row["chunk_ids"].update(chunk_ids)
+        row["mentions"] += mentions
+        return node
+
+    def __contains__(self, node: str) -> bool:
+        return node in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def table(self) -> pa.Table:
+        ids = sorted(self._rows)
+        rows = [self._rows[i] for i in ids]
+
+        def top(counter: Counter) -> str:
+            return min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0] if counter else ""
+
+        texts = [top(r["text"]) for r in rows]
+        return nodes_table(
+            {
+                "id": ids,
+                "type": [i[0] for i in ids],
+                "text": texts,
+                "name": [top(r["name"]) for r in rows],
+                "chunk_ids": [sorted(r["chunk_ids"]) for r in rows],
+                "doc_ids": [[] for _ in rows],
+                "tokens": [0] * len(ids),
+                "mentions": [r["mentions"] for r in rows],
+                "community": [-1] * len(ids),
+                "vector_row": [-1] * len(ids),
+            }
+        )

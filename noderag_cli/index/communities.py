@@ -1,0 +1,118 @@
+"""Stage 4: Leiden communities, high-level elements (H) and overviews (O), semantic matching
+(paper §2.3 and appendix C.3).
+
+Leiden runs (seeded, weighted, modularity) on the S/N/R/A graph. For each community the
+engine reads its S and A member texts, cut to a token budget, and returns elements, each
+a description (H) with a keyword title (O). Semantic matching then runs K-means (faiss,
+seeded, K = ceil(sqrt(#S+#A+#H))) over the S, A and H vectors and links every H to the
+S and A nodes that share both its community and its cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+import faiss
+import igraph as ig
+import leidenalg
+import numpy as np
+import pyarrow as pa
+
+from .. import nlp
+from ..embeddings import Embedder
+from ..engines.base import CommunityInput, Engine, Failure
+from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
+
+
+def leiden(graph: Graph, seed: int, resolution: float) -> np.ndarray:
+    """Community label per node (same order as graph.ids)."""
+    n = len(graph.ids)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    upper = graph.adjacency.tocoo()
+    mask = upper.row < upper.col
+    g = ig.Graph(n=n, edges=list(zip(upper.row[mask].tolist(), upper.col[mask].tolist(), strict=True)))
+    g.es["weight"] = upper.data[mask].tolist()
+    partition = leidenalg.find_partition(
+        g, leidenalg.RBConfigurationVertexPartition, weights="weight", seed=seed, resolution_parameter=resolution
+    )
+    return np.asarray(partition.membership, dtype=np.int32)
+
+
+def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
+    n = len(vectors)
+    k = max(1, math.ceil(math.sqrt(n)))
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
+                      max_points_per_centroid=100000)
+    km.train(vectors)
+    return km.index.search(vectors, 1)[1].ravel()
+
+
+def run(
+    nodes: pa.Table, edges: pa.Table, engine: Engine, embedder: Embedder, seed: int, resolution: float,
+    max_tokens: int, progress: Callable[[int], None] | None = None,
+) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str]]:
+    """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures."""
+    graph = Graph.from_tables(nodes, edges)
+    membership = leiden(graph, seed, resolution)
+    texts = nodes["text"].to_pylist()
+    chunk_ids = nodes["chunk_ids"].to_pylist()
+    content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
+    tokens = np.asarray(nlp.count_tokens([texts[i] for i in content.tolist()]), dtype=np.int64)
+    degree = np.diff(graph.adjacency.indptr)
+
+    members: dict[int, list[int]] = defaultdict(list)
+    for position, i in enumerate(content.tolist()):
+        members[int(membership[i])].append(position)
+    items, shown = [], []
+    for community in sorted(members):
+        # attributes first, then best-connected units: the community's core fits the budget
+        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", -degree[content[p]], graph.ids[content[p]]))
+        keep = np.cumsum(tokens[order]) <= max_tokens
+        picked = [content[p] for p, k in zip(order, keep, strict=True) if k]
+        if len(picked) < 2:
+            continue
+        items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
+        shown.append(picked)
+    results = engine.community_elements(items, progress) if items else []
+
+    built = NodeSet()
+    h_o, h_community, failures = [], {}, {}
+    for item, picked, result in zip(items, shown, results, strict=True):
+        if isinstance(result, Failure):
+            failures[f"community {item.community}"] = result.reason
+            continue
+        provenance = sorted({c for i in picked for c in chunk_ids[i]})
+        for element in result:
+            if not element.title.strip() or not element.description.strip():
+                continue
+            h = built.add(high_level_id(element.description), element.description, provenance, name=element.title)
+            o = built.add(overview_id(element.title), element.title.strip(), provenance, name=element.title.strip())
+            h_o.append((h, o))
+            h_community.setdefault(h, item.community)
+    new_nodes = built.table()
+
+    # semantic matching within community
+    h_ids = [i for i in new_nodes["id"].to_pylist() if i.startswith("H_")]
+    h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
+    pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
+    pool_vectors = embedder.embed([texts[i] for i in content.tolist()] + [h_texts[h] for h in h_ids])
+    clusters = kmeans_labels(pool_vectors, seed) if len(pool_ids) else np.zeros(0, np.int64)
+    pool_community = np.concatenate([membership[content], np.array([h_community[h] for h in h_ids], dtype=np.int32)])
+    buckets: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for node, community, cluster in zip(pool_ids[: len(content)], pool_community[: len(content)].tolist(), clusters[: len(content)].tolist(), strict=True):
+        buckets[(community, cluster)].append(node)
+    h_s, h_a = [], []
+    for h, community, cluster in zip(h_ids, pool_community[len(content) :].tolist(), clusters[len(content) :].tolist(), strict=True):
+        for node in buckets.get((community, cluster), []):
+            (h_s if node.startswith("S_") else h_a).append((h, node))
+    new_edges = merge_edges([make_edges(h_o, "H-O"), make_edges(h_s, "H-S"), make_edges(h_a, "H-A")])
+
+    ids = graph.ids.tolist() + new_nodes["id"].to_pylist()
+    labels = membership.tolist() + [h_community.get(i, -1) for i in new_nodes["id"].to_pylist()]
+    assignments = pa.table({"id": pa.array(ids, pa.string()), "community": pa.array(labels, pa.int32())})
+    return new_nodes, new_edges, assignments, failures

