@@ -295,12 +295,25 @@ def json_schema_for(task: str) -> dict:
     return _strict(SPECS[task].schema.model_json_schema())
 
 
+STRUCTURED_MODES = ("json_schema", "json_object_schema", "json_object", "none")
+"""Structured-output modes, strongest first; the engine steps down when a server refuses one."""
+
+WEAKER_FORMAT = dict(zip(STRUCTURED_MODES[:-1], STRUCTURED_MODES[1:], strict=True))
+
+
 def response_format_for(task: str, mode: str) -> dict | None:
-    """`response_format` for a structured-output mode: "json_schema", "json_object" or "none"."""
+    """`response_format` for a structured-output mode (see `STRUCTURED_MODES`).
+
+    json_schema: the OpenAI form (OpenAI, vLLM, llama.cpp's llama-server, Ollama through litellm);
+    json_object_schema: JSON mode with a "schema" key, which llama-cpp-python's server turns into
+    a grammar; json_object: plain JSON mode; none: the prompt alone.
+    """
     if mode == "json_schema":
         schema = json_schema_for(task)
         return {"type": "json_schema",
                 "json_schema": {"name": SPECS[task].schema.__name__, "schema": schema, "strict": True}}
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": json_schema_for(task)}
     if mode == "json_object":
         return {"type": "json_object"}
     return None

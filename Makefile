@@ -1,0 +1,40 @@
+# Everything installs into .venv; nothing relies on packages installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEMO_WS := demo-workspace
+DEMO_Q  := In which village was the founder of the society that awards the Greyling Medal born?
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.installed tests/llm_support/install_llm_server.sh
+	$(BIN)/pip install -q -e '.[test]'
+	bash tests/llm_support/install_llm_server.sh $(BIN)/python $(VENV)/models
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/noderag index $(DEMO_WS) --input sample_corpus
+	$(BIN)/noderag stats $(DEMO_WS)
+	$(BIN)/noderag query $(DEMO_WS) "$(DEMO_Q)" --show-context --budget 1000
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check noderag_cli tests
+
+test: $(VENV)/.test-installed lint
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python -m noderag_cli.evaluate.bench --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) $(DEMO_WS) bench-out

@@ -1,0 +1,269 @@
+"""`noderag index|query|stats|ablate`: parse, call the API, render with Rich. No logic here.
+
+Exit codes: 0 success, 1 the run finished with failed items, 2 bad input or usage
+(missing folder, invalid config, bad question file...), 3 the workspace cannot be
+used (locked, not indexed, other embedding model), 4 the LLM engine is unreachable or
+misconfigured, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from . import api
+from .config import ConfigError
+from .index.chunk import InputError
+from .index.pipeline import Reporter
+from .search.retriever import QueryError
+from .workspace import WorkspaceError
+
+EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_WORKSPACE, EXIT_ENGINE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+
+app = typer.Typer(
+    help="Build a NodeRAG heterograph from a folder of documents and answer questions from it. "
+    "Runs offline by default; LLM engines through litellm by config.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _engine_error_types() -> tuple[type[BaseException], ...]:
+    if "noderag_cli.engines.llm" in sys.modules:
+        return (sys.modules["noderag_cli.engines.llm"].EngineError,)
+    return ()
+
+
+def _run(action):
+    """Map the API's errors to one-line messages and exit codes."""
+    try:
+        return action()
+    except (ConfigError, InputError, QueryError, api.QuestionFileError) as err:
+        raise _fail(str(err), EXIT_INPUT) from None
+    except WorkspaceError as err:
+        raise _fail(str(err), EXIT_WORKSPACE) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; run the same command again to resume", EXIT_INTERRUPTED) from None
+    except Exception as err:
+        if isinstance(err, _engine_error_types()):
+            raise _fail(str(err), EXIT_ENGINE) from None
+        raise
+
+
+class RichReporter(Reporter):
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = None
+
+    def stage_started(self, stage: str, total: int | None) -> None:
+        self.task = self.progress.add_task(stage, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None:
+        if skipped:
+            self.progress.add_task(f"{stage} (unchanged)", total=1, completed=1)
+        elif self.task is not None:
+            total = self.progress.tasks[self.task].total
+            self.progress.update(self.task, total=total or 1, completed=total or 1)
+        self.task = None
+
+    def warn(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+@app.command()
+def index(
+    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)")],
+    input: Annotated[Path, typer.Option("--input", "-i", help="folder of .txt/.md documents, read recursively")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; default: the workspace's own")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would do and cost, change nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Index every .txt and .md file under INPUT into WORKSPACE; resumes and updates incrementally."""
+    if dry_run:
+        plan = _run(lambda: api.plan(workspace, input, config_path=config))
+        if as_json:
+            out.print_json(json.dumps(plan))
+        else:
+            _print_plan(plan)
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, disable=as_json) as progress:
+        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=RichReporter(progress)))
+    summary = {"workspace": str(workspace), "seconds": round(result.seconds, 3), "nodes": result.node_counts,
+               "edges": result.edge_count, "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
+               "failures": result.failures,
+               "stages": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                          for k, v in result.stages.items()}}
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        table = Table(title=f"indexed {workspace} in {result.seconds:.1f}s")
+        table.add_column("stage")
+        table.add_column("seconds", justify="right")
+        table.add_column("result")
+        for stage, info in result.stages.items():
+            detail = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("skipped", "seconds"))
+            table.add_row(stage, "skipped" if info["skipped"] else f"{info['seconds']:.2f}", detail or "unchanged")
+        out.print(table)
+        out.print("nodes: " + "  ".join(f"{t} {n}" for t, n in result.node_counts.items()) + f"   edges: {result.edge_count}")
+        if result.skipped_files:
+            out.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
+    if result.failures:
+        console.print(f"[yellow]{result.failures} item(s) failed[/]; `noderag index` again retries only those")
+        raise typer.Exit(EXIT_FAILED_ITEMS)
+
+
+def _print_plan(plan: dict) -> None:
+    docs = plan["documents"]
+    out.print(f"documents: {docs['new']} new, {docs['changed']} changed, {docs['deleted']} deleted, "
+              f"{docs['renamed']} renamed, {docs['unchanged']} unchanged, {docs['skipped']} unreadable")
+    for stage, state in plan["stages"].items():
+        out.print(f"  {stage:<12} {state}")
+    if plan.get("llm"):
+        llm = plan["llm"]
+        table = Table(title=f"LLM estimate for {llm['model']} ({llm['method']})")
+        for column in ("task", "calls", "input tokens", "output tokens", "cost"):
+            table.add_column(column, justify="right" if column != "task" else "left")
+        for task, row in llm["tasks"].items():
+            table.add_row(task, str(row["calls"]), str(row["input_tokens"]), str(row["output_tokens"]), row["cost"])
+        table.add_row("total", str(llm["total"]["calls"]), str(llm["total"]["input_tokens"]),
+                      str(llm["total"]["output_tokens"]), llm["total"]["cost"])
+        out.print(table)
+
+
+@app.command()
+def query(
+    workspace: Annotated[Path, typer.Argument(help="an indexed workspace")],
+    question: Annotated[str | None, typer.Argument(help="the question (omit with --questions)")] = None,
+    questions: Annotated[Path | None, typer.Option("--questions", help="JSONL file, one {\"question\": ...} per line")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", min=1, help="context token budget")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=0, help="vector entry points")] = None,
+    iterations: Annotated[int | None, typer.Option("--ppr-iterations", min=0, help="PPR iterations")] = None,
+    alpha: Annotated[float | None, typer.Option("--ppr-alpha", min=0.0, max=1.0, help="PPR teleport weight")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config for search and engine settings")] = None,
+    context_only: Annotated[bool, typer.Option("--context-only", help="retrieve only, no answer step")] = False,
+    show_context: Annotated[bool, typer.Option("--show-context", help="print the retrieved nodes too")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable result (see README)")] = False,
+) -> None:
+    """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
+    if (question is None) == (questions is None):
+        raise _fail("give either a QUESTION or --questions FILE", EXIT_INPUT)
+    overrides = {k: v for k, v in {"search.budget_tokens": budget, "search.vector_top_k": top_k,
+                                   "search.ppr_iterations": iterations, "search.ppr_alpha": alpha}.items() if v is not None}
+    session = _run(lambda: api.open_workspace(workspace, config_path=config, overrides=overrides))
+    if questions is not None:
+        items, problems = _run(lambda: api.read_questions(questions))
+        for problem in problems:
+            console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+        for item in items:
+            result = _run(lambda item=item: session.ask(item.question, answer=not context_only))
+            out.print(json.dumps(result.as_dict(), ensure_ascii=False), highlight=False)
+        return
+    result = _run(lambda: session.ask(question, answer=not context_only))
+    if as_json:
+        out.print(json.dumps(result.as_dict(), ensure_ascii=False, indent=2), highlight=False)
+        return
+    if result.answer is not None:
+        out.print(result.answer)
+    if show_context or context_only:
+        _print_context(result)
+    elif not result.nodes:
+        console.print("nothing in the workspace matched this question")
+
+
+def _print_context(result) -> None:
+    table = Table(title=f"context: {len(result.nodes)} nodes, {result.context_tokens} tokens, "
+                        f"{result.timings.get('retrieval_ms', 0):.1f} ms")
+    for column in ("type", "score", "text", "documents"):
+        table.add_column(column)
+    for node in result.nodes:
+        text = node.text if len(node.text) < 300 else node.text[:297] + "..."
+        table.add_row(node.type, f"{node.score:.4f}", text, ", ".join(node.documents))
+    out.print(table)
+
+
+@app.command()
+def stats(
+    workspace: Annotated[Path, typer.Argument(help="a workspace folder")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    documents: Annotated[bool, typer.Option("--documents", help="list every document with its status")] = False,
+) -> None:
+    """What WORKSPACE holds: nodes per type, edges per kind, vectors, files, stages, LLM usage."""
+    report = _run(lambda: api.stats(workspace))
+    if as_json:
+        out.print(json.dumps(report, indent=2), highlight=False)
+        return
+    nodes = Table(title="nodes")
+    nodes.add_column("type")
+    nodes.add_column("count", justify="right")
+    for node_type, count in report["nodes"].items():
+        nodes.add_row(node_type, str(count))
+    out.print(nodes)
+    edges = Table(title="edges")
+    edges.add_column("kind")
+    edges.add_column("count", justify="right")
+    for kind, count in report["edges"]["by_kind"].items():
+        edges.add_row(kind, str(count))
+    for label in ("non_hnsw", "hnsw", "merged_total"):
+        edges.add_row(f"[bold]{label}[/]", str(report["edges"][label]))
+    out.print(edges)
+    out.print(f"vectors: {report['vectors']['count']} of dimension {report['vectors']['dim']} "
+              f"({report['vectors']['model']})")
+    stages = Table(title="stages")
+    for column in ("stage", "state", "seconds", "LLM calls", "cache hits", "failures", "in tokens", "out tokens", "cost $"):
+        stages.add_column(column)
+    for stage, info in report["stages"].items():
+        llm = info.get("llm") or {}
+        stages.add_row(stage, info.get("state", "-"), str(info.get("seconds", "-")), str(llm.get("calls", 0)),
+                       str(llm.get("cache_hits", 0)), str(info.get("failures", llm.get("failures", 0))),
+                       str(llm.get("input_tokens", 0)), str(llm.get("output_tokens", 0)), f"{llm.get('cost_usd', 0):.4f}")
+    out.print(stages)
+    docs = report["documents"]
+    out.print("documents: " + ", ".join(f"{n} {s}" for s, n in docs["by_status"].items()))
+    if documents:
+        listing = Table(title="documents")
+        for column in ("path", "status", "chunks", "reason"):
+            listing.add_column(column)
+        for row in docs["list"]:
+            listing.add_row(row["path"], row["status"], str(row["chunks"]), row["reason"])
+        out.print(listing)
+    files = Table(title="files")
+    files.add_column("file")
+    files.add_column("bytes", justify="right")
+    for name, size in report["files"].items():
+        files.add_row(name, f"{size:,}")
+    out.print(files)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

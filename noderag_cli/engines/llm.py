@@ -1,0 +1,775 @@
+"""The LLM engine: NodeRAG's five tasks through litellm, for any provider litellm routes.
+
+What it does for every task item (see `prompts.py` for the prompts and reply shapes):
+- looks the request up in the workspace `Cache` (namespace "llm", key: a digest of model,
+  messages and the parameters that shape the reply); a hit costs nothing and is counted;
+- otherwise calls `litellm.acompletion`, at most `llm.concurrency` at a time, each request
+  start admitted by a sliding-window limiter on requests and tokens per minute;
+- 429s wait (Retry-After honoured, else exponential backoff with jitter), pause the limiter for
+  every worker, and draw on a separate, generous budget: they slow a run, they do not fail it;
+  timeouts, connection errors and 5xx use the normal `llm.retries` budget with backoff;
+- parses the reply tolerantly; a reply that does not validate is shown back to the model ONCE
+  with the problem; if that fails too, the item is a `Failure(reason)`;
+- writes each success to the cache as it returns (under the key of the original request, so a
+  re-run finds it). Failures are never cached: a re-run retries exactly the failed items.
+- accounts calls (requests sent), cache hits, failures (reasons counted by category),
+  tokens (from each response's `usage`) and cost (litellm's price table; a model without a
+  price costs 0 and sets `price_known = False`) per task in `stats`.
+
+Authentication errors, an unknown model (404) or an unknown provider stop the whole batch with
+`EngineError` (one line): every other item would fail the same way. Successes written so far
+stay in the cache.
+
+The batch methods are synchronous: coroutines run on one private event loop in a daemon thread
+(shared by every engine in the process, so litellm's cached async clients always belong to a
+live loop), and the progress callback is called in the caller's thread as items finish.
+
+`import litellm` is slow (seconds): it happens inside `_litellm()`, never at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import EmbeddingConfig, LLMConfig
+from ..workspace import Cache, json_digest
+from . import prompts
+from .base import (
+    AttributeInput,
+    ChunkInput,
+    CommunityInput,
+    Element,
+    EngineStats,
+    Failure,
+    Progress,
+    TaskStats,
+    Unit,
+)
+from .limiter import SlidingWindowLimiter
+
+CACHE_NS = "llm"
+EMBED_NS = "embedding"
+CACHE_VERSION = 1
+CHECK_TASK = "check_connection"
+"""Stats task under which `check_connection`'s one tiny call is accounted."""
+
+_log = logging.getLogger("noderag.llm")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot work as configured (no key, unknown provider, unreachable server...).
+
+    The message is always one line, safe to print as is; it never contains a key.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(_one_line(message))
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    for prefix in ("litellm.", "OpenAIException - ", "Error code: "):
+        text = text.replace(prefix, "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return _one_line(lines[0] if lines else type(err).__name__, 200)
+
+
+# --------------------------------------------------------------------------- litellm import
+_LITELLM: Any = None
+_IMPORT_LOCK = threading.Lock()
+
+
+def _litellm():
+    """litellm, imported on first use with its price table local and its chatter off."""
+    global _LITELLM
+    if _LITELLM is None:
+        with _IMPORT_LOCK:
+            if _LITELLM is None:
+                os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+                os.environ.setdefault("LITELLM_LOG", "CRITICAL")
+                import litellm
+
+                litellm.telemetry = False
+                litellm.suppress_debug_info = True
+                litellm.disable_hf_tokenizer_download = True  # token counts must never hit the network
+                for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm", "httpx", "openai"):
+                    logging.getLogger(name).setLevel(logging.CRITICAL)
+                _LITELLM = litellm
+    return _LITELLM
+
+
+# --------------------------------------------------------------------------- event loop
+class _LoopThread:
+    """One asyncio loop in a daemon thread, shared by all engines of a process."""
+
+    _instance: _LoopThread | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="noderag-llm-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @classmethod
+    def get(cls) -> _LoopThread:
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid() or not cls._instance.thread.is_alive():
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, make: Callable[[Callable[[int], None]], Awaitable[Any]], progress: Progress | None = None) -> Any:
+        """Run `make(report)` on the loop; `report(n)` reaches `progress` in this thread."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        done = object()
+        future = asyncio.run_coroutine_threadsafe(make(events.put), self.loop)  # type: ignore[arg-type]
+        future.add_done_callback(lambda _f: events.put(done))
+        try:
+            while True:
+                try:
+                    event = events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if event is done:
+                    break
+                if progress is not None:
+                    progress(event)
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+
+# --------------------------------------------------------------------------- retries
+class _CallFailed(Exception):
+    """A request given up on; `category` is what `EngineStats.failure_reasons` counts."""
+
+    def __init__(self, category: str, detail: str = ""):
+        super().__init__(f"{category}: {detail}" if detail else category)
+        self.category = category
+
+
+class _FormatRefused(Exception):
+    """The server rejected `response_format`: try again with a weaker structured-output mode."""
+
+
+def _status(err: BaseException) -> int | None:
+    code = getattr(err, "status_code", None)
+    if code is None:
+        response = getattr(err, "response", None)
+        code = getattr(response, "status_code", None)
+    try:
+        return int(code) if code is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def retry_after_seconds(err: BaseException) -> float | None:
+    """Seconds asked for by a Retry-After (or retry-after-ms) header on the error's response."""
+    header_sets = []
+    response = getattr(err, "response", None)
+    if response is not None and getattr(response, "headers", None) is not None:
+        header_sets.append(response.headers)
+    extra = getattr(err, "litellm_response_headers", None)
+    if extra is not None:
+        header_sets.append(extra)
+    for headers in header_sets:
+        try:
+            lowered = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+        except (TypeError, ValueError):
+            continue
+        if "retry-after-ms" in lowered:
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        value = lowered.get("retry-after")
+        if value:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                parsed = email.utils.parsedate_tz(value)
+                if parsed is not None:
+                    return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+    return None
+
+
+def _classify(err: BaseException) -> str:
+    """rate_limit | transient | refused_format | bad_request | context | fatal_auth | fatal_model | unexpected"""
+    lt = _litellm()
+    status = _status(err)
+    if isinstance(err, lt.RateLimitError) or status == 429:
+        return "rate_limit"
+    if isinstance(err, lt.ContextWindowExceededError):
+        return "context"
+    if isinstance(err, (lt.AuthenticationError, lt.PermissionDeniedError)) or status in (401, 403):
+        return "fatal_auth"
+    if isinstance(err, lt.NotFoundError) or status == 404:
+        return "fatal_model"
+    bad_request = isinstance(err, (lt.BadRequestError, lt.UnprocessableEntityError)) or status in (400, 422)
+    if bad_request or status == 500:
+        # llama-cpp-python answers an unsupported response_format with a 500 validation error
+        text = str(err).lower()
+        if any(word in text for word in ("response_format", "json_schema", "response format", "grammar")):
+            return "refused_format"
+    if bad_request:
+        return "bad_request"
+    if isinstance(err, (lt.Timeout, lt.APIConnectionError, lt.InternalServerError, lt.ServiceUnavailableError,
+                        lt.BadGatewayError, lt.APIError, lt.APIResponseValidationError)):
+        return "transient"
+    if status is not None and status >= 500:
+        return "transient"
+    if isinstance(err, (asyncio.TimeoutError, ConnectionError, OSError)):
+        return "transient"
+    return "unexpected"
+
+
+def _transient_category(err: BaseException) -> str:
+    lt = _litellm()
+    if isinstance(err, (lt.Timeout, asyncio.TimeoutError)):
+        return "timeout"
+    status = _status(err)
+    if status is not None and status >= 500:
+        return f"server error {status}"
+    if isinstance(err, (lt.APIConnectionError, ConnectionError, OSError)):
+        return "connection error"
+    return "server error"
+
+
+@dataclass
+class _Policy:
+    retries: int
+    rate_limit_retries: int
+    backoff_base: float
+    backoff_max: float
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter ("equal jitter": half fixed, half random)."""
+        delay = min(self.backoff_max, self.backoff_base * (2 ** max(0, attempt - 1)))
+        return delay / 2 + random.uniform(0, delay / 2)
+
+    def honour(self, asked: float | None, attempt: int) -> float:
+        if asked is None:
+            return self.backoff(attempt)
+        return min(asked, max(self.backoff_max, 120.0)) + random.uniform(0, 0.05 + 0.05 * asked)
+
+
+# --------------------------------------------------------------------------- the engine
+@dataclass
+class _Reply:
+    text: str
+    input_tokens: int
+    output_tokens: int
+
+
+class LiteLLMEngine:
+    """NodeRAG's LLM tasks through litellm. See the module docstring for the behaviour.
+
+    Keyword-only knobs exist for tests and benchmarks: `window_seconds` (the rate limiter's
+    window, 60 s for per-minute limits), `backoff_base`/`backoff_max` (seconds) and
+    `rate_limit_retries` (the separate 429 budget).
+    """
+
+    def __init__(
+        self,
+        config: LLMConfig,
+        cache: Cache,
+        *,
+        window_seconds: float = 60.0,
+        backoff_base: float = 1.0,
+        backoff_max: float = 60.0,
+        rate_limit_retries: int = 100,
+    ):
+        self.config = config
+        self.cache = cache
+        self.model = config.model
+        self.name = f"litellm:{config.model}"
+        self.stats = EngineStats()
+        self.price_known: bool | None = None
+        """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
+        self.limiter = SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute, window_seconds)
+        self.policy = _Policy(config.retries, rate_limit_retries, backoff_base, backoff_max)
+        self._structured = "json_schema" if config.structured_output else "none"
+        self._semaphore: asyncio.Semaphore | None = None
+        self._provider: str | None = None
+
+    # -- configuration checks ------------------------------------------------------
+    def _api_key(self) -> str | None:
+        """The key from `api_key_env`; EngineError naming the variable when it is missing."""
+        env = self.config.api_key_env
+        if env:
+            value = os.environ.get(env, "").strip()
+            if not value:
+                raise EngineError(f"environment variable {env} (named by llm.api_key_env) is not set; "
+                                  f"export it with the API key for {self.model}")
+            return value
+        return None
+
+    def _route(self) -> str:
+        if self._provider is None:
+            self._provider = route_model(self.model, self.config.api_base)
+        return self._provider
+
+    def _request_auth(self) -> dict:
+        key = self._api_key()
+        provider = self._route()
+        params: dict[str, Any] = {}
+        if self.config.api_base:
+            params["api_base"] = self.config.api_base
+        if key is not None:
+            params["api_key"] = key
+        elif provider == "openai" and self.config.api_base and not os.environ.get("OPENAI_API_KEY"):
+            params["api_key"] = "no-key"  # local OpenAI-compatible servers want none; the SDK wants one
+        if provider in ("ollama", "ollama_chat"):
+            params["num_ctx"] = self.config.context_window
+        return params
+
+    def check_connection(self) -> None:
+        """One tiny call before any stage starts; EngineError (one line) when it cannot work."""
+        auth = self._request_auth()  # key and routing are checked before any network traffic
+        where = self.config.api_base or f"the {self._route()} API"
+        lt = _litellm()
+        timeout = min(self.config.timeout_seconds, 30.0)
+
+        async def probe(_report):
+            return await lt.acompletion(
+                model=self.model, messages=[{"role": "user", "content": "Reply with the word OK."}],
+                max_tokens=16, temperature=self.config.temperature, timeout=timeout,
+                num_retries=0, max_retries=0, drop_params=True, **auth,
+            )
+
+        stats = self.stats.task(CHECK_TASK)
+        stats.calls += 1
+        try:
+            response = _LoopThread.get().run(probe)
+        except Exception as err:
+            kind = _classify(err)
+            detail = _first_line(err)
+            if kind == "rate_limit":
+                return  # reachable and authorised, just busy: the run will wait as needed
+            if kind == "fatal_auth":
+                source = f"${self.config.api_key_env}" if self.config.api_key_env else "the provider's default variable"
+                raise EngineError(f"{where} rejected the API key from {source} for model {self.model}: {detail}") from None
+            if kind == "fatal_model":
+                raise EngineError(f"model '{self.model}' is not served by {where}: {detail}") from None
+            if isinstance(err, (lt.Timeout, asyncio.TimeoutError)):
+                raise EngineError(f"no reply from {where} within {timeout:g} s (model {self.model})") from None
+            if isinstance(err, lt.APIConnectionError):
+                raise EngineError(f"cannot reach the LLM server at {where}: {detail}") from None
+            raise EngineError(f"test call to {self.model} at {where} failed: {detail}") from None
+        self._account(stats, response)
+
+    # -- public task methods -----------------------------------------------------------
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]:
+        return self._batch("decompose", list(chunks), progress)
+
+    def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
+        return self._batch("attributes", list(items), progress)
+
+    def community_elements(
+        self, items: Sequence[CommunityInput], progress: Progress | None = None
+    ) -> list[list[Element] | Failure]:
+        return self._batch("community_elements", list(items), progress)
+
+    def query_entities_batch(self, questions: Sequence[str], progress: Progress | None = None) -> list[list[str] | Failure]:
+        return self._batch("query_entities", list(questions), progress)
+
+    def answer_batch(self, items: Sequence[tuple[str, str]], progress: Progress | None = None) -> list[str | Failure]:
+        """Answers for (question, context) pairs, concurrently (for evaluation runs)."""
+        return self._batch("answer", [(q, c) for q, c in items], progress)
+
+    def query_entities(self, question: str) -> list[str]:
+        """The question's entities; [] when the model gives no usable list (counted as a failure)."""
+        result = self._batch("query_entities", [question], None)[0]
+        return [] if isinstance(result, Failure) else result
+
+    def answer(self, question: str, context: str) -> str:
+        """The answer from the context; EngineError when the model gives no usable answer."""
+        result = self._batch("answer", [(question, context)], None)[0]
+        if isinstance(result, Failure):
+            raise EngineError(f"no usable answer from {self.model}: {result.reason}")
+        return result
+
+    # -- batch machinery -----------------------------------------------------------------
+    def request_key(self, task: str, messages: list[dict]) -> str:
+        """Content address of a request: model, messages and the parameters that shape the reply."""
+        return json_digest({
+            "v": CACHE_VERSION,
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.config.temperature,
+            "max_output_tokens": self.config.max_output_tokens,
+            "response_format": prompts.response_format_for(task, "json_schema" if self.config.structured_output else "none"),
+        })
+
+    def _batch(self, task: str, items: list, progress: Progress | None) -> list:
+        if not items:
+            return []
+        auth = self._request_auth()  # before any call: missing key / unroutable model
+        _litellm()
+        return _LoopThread.get().run(lambda report: self._abatch(task, items, auth, report), progress)
+
+    async def _abatch(self, task: str, items: list, auth: dict, report: Callable[[int], None]) -> list:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.config.concurrency)
+        stats = self.stats.task(task)
+        messages = [prompts.build_messages(task, item) for item in items]
+        keys = [self.request_key(task, m) for m in messages]
+        results: list[Any] = [None] * len(items)
+        found = self.cache.get_many(CACHE_NS, keys)
+        todo: dict[str, list[int]] = {}
+        hits = 0
+        for index, key in enumerate(keys):
+            cached = self._from_cache(task, found.get(key))
+            if cached is not None:
+                results[index] = cached
+                hits += 1
+            else:
+                todo.setdefault(key, []).append(index)
+        stats.cache_hits += hits + sum(len(rows) - 1 for rows in todo.values())  # duplicates ride along free
+        if hits:
+            report(hits)
+
+        async def one(key: str, rows: list[int]) -> None:
+            outcome = await self._item(task, messages[rows[0]], key, auth)
+            for row in rows:
+                results[row] = outcome
+                if isinstance(outcome, Failure):
+                    stats.failures += 1
+                    self.stats.failure_reasons[outcome.reason.split(":", 1)[0]] += 1
+            report(len(rows))
+
+        tasks = [asyncio.ensure_future(one(key, rows)) for key, rows in todo.items()]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for pending in tasks:
+                pending.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return results
+
+    def _from_cache(self, task: str, blob: bytes | None) -> Any:
+        if blob is None:
+            return None
+        try:
+            reply = prompts.SPECS[task].schema.model_validate(json.loads(blob)["data"])
+        except (ValueError, KeyError, TypeError):
+            return None  # an entry this version cannot read is simply recomputed
+        return prompts.result_of(task, reply)
+
+    async def _item(self, task: str, messages: list[dict], key: str, auth: dict) -> Any:
+        stats = self.stats.task(task)
+        try:
+            first = await self._complete(task, messages, auth, stats)
+            try:
+                reply = prompts.parse_reply(task, first.text)
+                corrected = False
+            except prompts.ReplyError as err:
+                retry = [*messages, {"role": "assistant", "content": first.text[:4000]},
+                         {"role": "user", "content": prompts.correction_message(str(err))}]
+                second = await self._complete(task, retry, auth, stats)
+                try:
+                    reply = prompts.parse_reply(task, second.text)
+                except prompts.ReplyError as err2:
+                    return Failure(f"invalid reply: {err2} (after one corrective retry)")
+                first, corrected = second, True
+        except _CallFailed as err:
+            return Failure(str(err))
+        value = json.dumps({"data": reply.model_dump(mode="json"), "reply": first.text, "corrected": corrected})
+        self.cache.put(CACHE_NS, key, value.encode())
+        return prompts.result_of(task, reply)
+
+    async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats) -> _Reply:
+        """One reply, through limiter, semaphore and retries; `_CallFailed` when given up."""
+        lt = _litellm()
+        prompt_tokens = count_tokens(self.model, messages)
+        room = self.config.context_window - prompt_tokens
+        if room < 16:
+            raise _CallFailed("input too long", f"about {prompt_tokens} prompt tokens for a context window of "
+                                                f"{self.config.context_window}")
+        max_tokens = min(self.config.max_output_tokens, room)
+        attempts = rate_limited = 0
+        assert self._semaphore is not None
+        while True:
+            params: dict[str, Any] = {
+                "model": self.model, "messages": messages, "temperature": self.config.temperature,
+                "max_tokens": max_tokens, "timeout": self.config.timeout_seconds,
+                "num_retries": 0, "max_retries": 0, "drop_params": True, **auth,
+            }
+            response_format = prompts.response_format_for(task, self._structured)
+            if response_format is not None:
+                params["response_format"] = response_format
+            async with self._semaphore:
+                reservation = await self.limiter.acquire(prompt_tokens + max_tokens)
+                stats.calls += 1
+                try:
+                    response = await asyncio.wait_for(lt.acompletion(**params), self.config.timeout_seconds + 10)
+                except Exception as err:  # classified below; anything unknown becomes an item failure
+                    error: Exception | None = err
+                else:
+                    error = None
+            if error is None:
+                in_tok, out_tok = self._account(stats, response)
+                self.limiter.settle(reservation, in_tok + out_tok or prompt_tokens + max_tokens)
+                choice = response.choices[0]
+                text = getattr(choice.message, "content", None) or ""
+                return _Reply(text, in_tok, out_tok)
+            kind = _classify(error)
+            self.limiter.settle(reservation, 0 if kind == "rate_limit" else prompt_tokens)
+            if kind == "rate_limit":
+                rate_limited += 1
+                if rate_limited > self.policy.rate_limit_retries:
+                    raise _CallFailed("rate limited", f"still 429 after {rate_limited - 1} waits")
+                delay = self.policy.honour(retry_after_seconds(error), rate_limited)
+                _log.info("429 from %s, waiting %.1f s", self.model, delay)
+                self.limiter.pause(delay)
+                continue
+            if kind == "refused_format" and self._structured != "none":
+                weaker = prompts.WEAKER_FORMAT[self._structured]
+                _log.info("server refused response_format %s (%s); using %s", self._structured,
+                          _first_line(error), weaker)
+                self._structured = weaker
+                continue
+            if kind == "fatal_auth":
+                source = f"${self.config.api_key_env}" if self.config.api_key_env else "the provider's default variable"
+                raise EngineError(f"the provider rejected the API key from {source} for {self.model}: {_first_line(error)}")
+            if kind == "fatal_model":
+                raise EngineError(f"model '{self.model}' not found: {_first_line(error)}")
+            if kind == "context":
+                raise _CallFailed("input too long", _first_line(error))
+            if kind == "refused_format":  # even without response_format: judge it by its status
+                kind = "transient" if (_status(error) or 0) >= 500 else "bad_request"
+            if kind == "bad_request":
+                raise _CallFailed("bad request", _first_line(error))
+            if kind == "unexpected":
+                raise _CallFailed("unexpected error", f"{type(error).__name__}: {_first_line(error)}")
+            attempts += 1
+            category = _transient_category(error)
+            if attempts > self.policy.retries:
+                raise _CallFailed(category, f"gave up after {attempts} attempts: {_first_line(error)}")
+            delay = self.policy.honour(retry_after_seconds(error), attempts)
+            _log.info("%s from %s, retry %d in %.1f s", category, self.model, attempts, delay)
+            await asyncio.sleep(delay)
+
+    def _account(self, stats: TaskStats, response: Any) -> tuple[int, int]:
+        usage = getattr(response, "usage", None)
+        in_tok = int(getattr(usage, "prompt_tokens", 0) or 0)
+        out_tok = int(getattr(usage, "completion_tokens", 0) or 0)
+        stats.input_tokens += in_tok
+        stats.output_tokens += out_tok
+        cost = price_of(self.model, in_tok, out_tok)
+        if cost is None:
+            self.price_known = False
+        else:
+            stats.cost_usd += cost
+            if self.price_known is None:
+                self.price_known = True
+        return in_tok, out_tok
+
+
+# --------------------------------------------------------------------------- helpers for other modules
+def route_model(model: str, api_base: str | None = None) -> str:
+    """The litellm provider of `model`; EngineError when litellm cannot route it."""
+    lt = _litellm()
+    try:
+        return lt.get_llm_provider(model=model, api_base=api_base)[1]
+    except Exception:
+        raise EngineError(
+            f"litellm cannot route model '{model}': unknown provider; name it as provider/model, "
+            "e.g. openai/gpt-4o-mini, ollama_chat/qwen2.5:7b, or openai/NAME with api_base for an "
+            "OpenAI-compatible server"
+        ) from None
+
+
+def price_of(model: str, input_tokens: int, output_tokens: int) -> float | None:
+    """USD for the tokens from litellm's local price table; None when the model has no price."""
+    try:
+        prompt_cost, completion_cost = _litellm().cost_per_token(
+            model=model, prompt_tokens=int(input_tokens), completion_tokens=int(output_tokens)
+        )
+    except Exception:
+        return None
+    return float(prompt_cost) + float(completion_cost)
+
+
+def count_tokens(model: str, messages: list[dict]) -> int:
+    """Prompt tokens of a request as litellm counts them (tiktoken where the model's tokenizer is unknown)."""
+    lt = _litellm()
+    try:
+        return int(lt.token_counter(model=model, messages=messages))
+    except Exception:
+        return int(lt.token_counter(model="gpt-4o-mini", messages=messages))
+
+
+def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-mini") -> list[int]:
+    """Prompt tokens of each task input, with exactly the prompts the engine sends.
+
+    Inputs per task: `decompose` ChunkInput, `attributes` AttributeInput, `community_elements`
+    CommunityInput, `query_entities` a question string, `answer` a (question, context) pair.
+    Corrective retries are not included (they happen only for bad replies).
+    """
+    if task not in prompts.SPECS:
+        raise ValueError(f"unknown task {task!r}; tasks are {', '.join(prompts.TASKS)}")
+    return [count_tokens(model, prompts.build_messages(task, item)) for item in inputs]
+
+
+def estimate_cost(model: str, calls_by_task: dict[str, tuple[int, int, int]]) -> dict:
+    """Cost of a planned run from litellm's local price table.
+
+    `calls_by_task` maps a task to (calls, input tokens, output tokens). Returns
+    {"model", "price_known", "tasks": {task: {"calls", "input_tokens", "output_tokens",
+    "cost_usd"}}, "total": {... same ...}, "note"}; when the model has no price every cost_usd
+    is None and note is "unknown price".
+    """
+    known = price_of(model, 1000, 1000) is not None
+    tasks: dict[str, dict] = {}
+    total = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0 if known else None}
+    for task, (calls, input_tokens, output_tokens) in calls_by_task.items():
+        cost = price_of(model, input_tokens, output_tokens) if known else None
+        tasks[task] = {"calls": int(calls), "input_tokens": int(input_tokens),
+                       "output_tokens": int(output_tokens), "cost_usd": cost}
+        total["calls"] += int(calls)
+        total["input_tokens"] += int(input_tokens)
+        total["output_tokens"] += int(output_tokens)
+        if known and cost is not None:
+            total["cost_usd"] += cost
+    return {"model": model, "price_known": known, "tasks": tasks, "total": total,
+            "note": "" if known else "unknown price"}
+
+
+# --------------------------------------------------------------------------- embeddings
+def embedding_cache_key(config: EmbeddingConfig, text: str) -> str:
+    """Same scheme as `embeddings.Embedder`: model id and text, so either finds the other's vectors."""
+    model_id = f"{config.backend}:{config.model}:{config.dim}"
+    return hashlib.blake2b(f"{model_id}\x1f{text}".encode(), digest_size=16).hexdigest()
+
+
+def litellm_embed(
+    texts: list[str],
+    config: EmbeddingConfig,
+    cache: Cache | None = None,
+    stats: TaskStats | None = None,
+    *,
+    retries: int = 5,
+    timeout: float = 120.0,
+    backoff_base: float = 1.0,
+) -> np.ndarray:
+    """Float32 L2-normalised vectors, one row per text, through `litellm.aembedding`.
+
+    With a `cache`, vectors are looked up and stored (namespace "embedding", key: model + text)
+    batch by batch as they return. 429s wait (Retry-After honoured) without using `retries`.
+    EngineError when the key variable is missing, the model cannot be routed, the server is
+    unreachable after retries, or the vectors do not have `config.dim` dimensions.
+    """
+    out = np.zeros((len(texts), config.dim), dtype=np.float32)
+    if not texts:
+        return out
+    env = config.api_key_env
+    key = None
+    if env:
+        key = os.environ.get(env, "").strip()
+        if not key:
+            raise EngineError(f"environment variable {env} (named by embedding.api_key_env) is not set")
+    provider = route_model(config.model, config.api_base)
+    auth: dict[str, Any] = {}
+    if config.api_base:
+        auth["api_base"] = config.api_base
+    if key:
+        auth["api_key"] = key
+    elif provider == "openai" and config.api_base and not os.environ.get("OPENAI_API_KEY"):
+        auth["api_key"] = "no-key"
+    keys = [embedding_cache_key(config, t) for t in texts]
+    found = cache.get_many(EMBED_NS, keys) if cache is not None else {}
+    todo: dict[str, list[int]] = {}
+    for row, k in enumerate(keys):
+        blob = found.get(k)
+        if blob is not None and len(blob) == 4 * config.dim:
+            out[row] = np.frombuffer(blob, dtype=np.float32)
+            if stats is not None:
+                stats.cache_hits += 1
+        else:
+            todo.setdefault(k, []).append(row)
+    if not todo:
+        return out
+    policy = _Policy(retries, 100, backoff_base, 60.0)
+    todo_keys = list(todo)
+    lt = _litellm()
+
+    async def one_batch(batch_keys: list[str]) -> np.ndarray:
+        inputs = [texts[todo[k][0]] for k in batch_keys]
+        attempts = rate_limited = 0
+        while True:
+            if stats is not None:
+                stats.calls += 1
+            try:
+                response = await lt.aembedding(model=config.model, input=inputs, timeout=timeout,
+                                               num_retries=0, max_retries=0, **auth)
+                break
+            except Exception as err:
+                kind = _classify(err)
+                if kind == "rate_limit" and rate_limited < policy.rate_limit_retries:
+                    rate_limited += 1
+                    await asyncio.sleep(policy.honour(retry_after_seconds(err), rate_limited))
+                    continue
+                if kind == "transient" and attempts < policy.retries:
+                    attempts += 1
+                    await asyncio.sleep(policy.honour(retry_after_seconds(err), attempts))
+                    continue
+                where = config.api_base or provider
+                raise EngineError(f"embedding with {config.model} at {where} failed: {_first_line(err)}") from None
+        data = sorted(response.data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
+        vectors = np.asarray([d["embedding"] if isinstance(d, dict) else d.embedding for d in data], dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
+            raise EngineError(f"embedding model {config.model} returned {vectors.shape[0]} vectors for {len(inputs)} texts")
+        if vectors.shape[1] != config.dim:
+            raise EngineError(f"embedding model {config.model} returns {vectors.shape[1]}-dimensional vectors "
+                              f"but embedding.dim is {config.dim}; set embedding.dim: {vectors.shape[1]}")
+        if stats is not None:
+            usage = getattr(response, "usage", None)
+            tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+            stats.input_tokens += tokens
+            stats.cost_usd += price_of(config.model, tokens, 0) or 0.0
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.where(norms == 0, 1, norms)
+        if cache is not None:
+            cache.put_many(EMBED_NS, [(k, v.astype(np.float32).tobytes()) for k, v in zip(batch_keys, vectors, strict=True)])
+        return vectors
+
+    async def run(_report) -> list[np.ndarray]:
+        semaphore = asyncio.Semaphore(4)
+
+        async def guarded(batch_keys):
+            async with semaphore:
+                return await one_batch(batch_keys)
+
+        batches = [todo_keys[i : i + config.batch_size] for i in range(0, len(todo_keys), config.batch_size)]
+        return await asyncio.gather(*(guarded(b) for b in batches))
+
+    parts = _LoopThread.get().run(run)
+    row_keys = [k for i in range(0, len(todo_keys), config.batch_size) for k in todo_keys[i : i + config.batch_size]]
+    for k, vector in zip(row_keys, np.concatenate(parts), strict=True):
+        out[todo[k]] = vector
+    return out

@@ -1,0 +1,44 @@
+"""Cross nodes, the retrievable filter, and the token-budgeted context (paper §2.5 steps 3-5).
+
+Selection is vectorised: per type, the top scores among the nodes that are not entry
+points (`np.argpartition`, ties broken by row = id order). The budget is filled in
+one global order (score, then type rank, then id) so a cheap, relevant unit is not
+crowded out by a long chunk that happens to come first in type order; the result is
+then shown grouped by type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TYPE_ORDER = ("H", "A", "S", "R", "T")
+
+
+def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the k best-scoring candidates (positive scores only), best first, ties by row."""
+    if k <= 0 or len(candidates) == 0:
+        return np.zeros(0, dtype=np.int64)
+    values = scores[candidates]
+    keep = candidates[values > 0]
+    values = values[values > 0]
+    if len(keep) > k:
+        part = np.argpartition(-values, k - 1)[:k]
+        threshold = values[part].min()
+        chosen = np.flatnonzero(values >= threshold)
+        keep, values = keep[chosen], values[chosen]
+    order = np.lexsort((keep, -values))
+    return keep[order][:k]
+
+
+def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int) -> np.ndarray:
+    """Rows kept, in priority order, whose tokens fit the budget (skipping any that would overflow)."""
+    if len(rows) == 0:
+        return rows
+    order = np.lexsort((rows, -priority))
+    rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
+    kept, used = [], 0
+    for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
+        if used + size <= budget:
+            kept.append(row)
+            used += size
+    return np.asarray(kept, dtype=np.int64)
