@@ -76,6 +76,8 @@ class SearchConfig(_Section):
     cross_h: int = Field(10, ge=0)
     cross_r: int = Field(30, ge=0)
     budget_tokens: int = Field(6000, ge=1)
+    rank: Literal["walk_similarity", "ppr"] = Field(
+        "walk_similarity", description="ppr: raw PPR scores (the paper); walk_similarity: see search/retriever.py")
     use_exact: bool = True
     use_vector: bool = True
 

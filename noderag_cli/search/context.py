@@ -30,15 +30,30 @@ def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
     return keep[order][:k]
 
 
-def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int) -> np.ndarray:
-    """Rows kept, in priority order, whose tokens fit the budget (skipping any that would overflow)."""
+def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
+               texts: np.ndarray | None = None) -> np.ndarray:
+    """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would
+    overflow is skipped, not the rest. With texts, a node whose statement already stands in the
+    context (a unit inside its chunk, an extractive attribute repeating a unit) is skipped too."""
     if len(rows) == 0:
         return rows
     order = np.lexsort((rows, -priority))
     rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
-    kept, used = [], 0
+    kept, used, shown = [], 0, []
     for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
-        if used + size <= budget:
-            kept.append(row)
-            used += size
+        if used + size > budget:
+            continue
+        if texts is not None:
+            body = statement(texts[row])
+            if any(body in text for text in shown):
+                continue
+            shown.append(texts[row])
+        kept.append(row)
+        used += size
     return np.asarray(kept, dtype=np.int64)
+
+
+def statement(text: str) -> str:
+    """A unit's or attribute's text without its "Subject: " prefix."""
+    head, sep, body = text.partition(": ")
+    return body if sep and len(head) <= 120 else text

@@ -33,22 +33,25 @@ class NameIndex:
                 self._rows[words].append(row)
 
     def match(self, phrase: str, require_capital: bool = False) -> list[int]:
-        """Rows of the names occurring in phrase on word boundaries. With require_capital
+        """Rows of the names occurring in phrase on word boundaries, longest first: a word inside a
+        matched name does not match again on its own ("Summer Olympics", not also "Summer"). With require_capital
         (for raw question n-grams), a one-word n-gram must be capitalised or a number."""
         raw = _WORDS.findall(phrase)
         words = name_words(phrase)
         found: list[int] = []
+        covered = [False] * len(words)
         for size in range(min(len(words), MAX_NAME_WORDS), 0, -1):
             for start in range(len(words) - size + 1):
                 gram = words[start : start + size]
                 rows = self._rows.get(gram)
-                if not rows:
+                if not rows or any(covered[start : start + size]):
                     continue
                 if size == 1 and (gram[0] in STOPWORDS or len(gram[0]) < 2):
                     continue
                 if require_capital and size == 1 and not _looks_like_name(gram[0], raw):
                     continue
                 found.extend(rows)
+                covered[start : start + size] = [True] * size
         return list(dict.fromkeys(found))
 
 

@@ -104,6 +104,7 @@ class Retriever:
         if self.index.d != embedder.dim:
             raise WorkspaceError(f"workspace vectors have dimension {self.index.d}, the embedder gives {embedder.dim}")
         self._selectors = {}
+        self.vectors = self.index.reconstruct_n(0, self.index.ntotal) if self.index.ntotal else np.zeros((0, embedder.dim), np.float32)
 
         names = np.flatnonzero(np.isin(self.types, ["N", "O"]))
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
@@ -181,15 +182,33 @@ class Retriever:
         personalization[entries] = 1.0
         scores = personalized_pagerank(self.transition_t, personalization, params.ppr_alpha, params.ppr_iterations,
                                        params.ppr_variant)
+        if params.rank == "walk_similarity":
+            scores = self.walk_similarity(scores, personalization, params.ppr_alpha, question)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
         rows = self.select(scores, entries, params)
-        kept = context.fit_budget(rows, scores[rows], self.tokens, params.budget_tokens)
-        result.nodes = self._nodes(kept, scores)
+        kept = context.fit_budget(rows, scores[rows], self.tokens, params.budget_tokens, self.texts)
+        result.nodes = self.nodes_for(kept, scores)
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
+
+    def walk_similarity(self, ppr: np.ndarray, personalization: np.ndarray, alpha: float, question: str) -> np.ndarray:
+        """Graph evidence times relevance: the PPR mass that arrived by walking (the teleport
+        share alpha*p removed, else every entry point outranks every cross node), times the
+        node's similarity to the question. R nodes, never embedded, keep their walk mass
+        scaled by the mean similarity of the candidates, so they rank on one scale with the rest."""
+        walk = np.maximum(ppr - alpha * personalization / personalization.sum(), 0.0)
+        embedded = self.node_of_vector
+        similarity = np.zeros(len(self.ids), dtype=np.float64)
+        similarity[embedded] = np.maximum(self.vectors @ self.embed_question(question), 0.0)
+        relevance = np.sqrt(walk) * similarity
+        not_embedded = self.vector_of_node < 0
+        reached = walk > 0
+        typical = similarity[reached & ~not_embedded].mean() if np.any(reached & ~not_embedded) else 0.0
+        relevance[not_embedded] = np.sqrt(walk[not_embedded]) * typical * 0.5
+        return relevance
 
     def select(self, scores: np.ndarray, entries: np.ndarray, params: SearchConfig) -> np.ndarray:
         """Entry points and cross nodes, restricted to retrievable types (paper §2.5 steps 3-4)."""
@@ -208,7 +227,7 @@ class Retriever:
         rows = np.unique(np.concatenate(picked))
         return rows[np.isin(self.types[rows], ["T", "S", "A", "H", "R"])]
 
-    def _nodes(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
+    def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         rank = {t: i for i, t in enumerate(context.TYPE_ORDER)}
         ordered = sorted(rows.tolist(), key=lambda r: (rank[self.types[r]], -scores[r], self.ids[r]))
         return [

@@ -1,0 +1,43 @@
+"""Run retrieval strategies over a question set at several budgets and score them."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+
+from ..search.retriever import Retrieval
+from .datasets import Question, is_yes_no
+from .metrics import answer_contained, support_recall
+
+Strategy = Callable[[str, int], Retrieval]
+
+
+def evaluate(strategies: dict[str, Strategy], questions: list[Question], budgets: list[int],
+             progress: Callable[[int], None] | None = None) -> list[dict]:
+    """One row per strategy and budget: answer containment, support recall, tokens, latency."""
+    rows = []
+    for name, strategy in strategies.items():
+        for budget in budgets:
+            contained, recall, tokens, latency = [], [], [], []
+            for question in questions:
+                result = strategy(question.question, budget)
+                if not is_yes_no(question):
+                    contained.append(answer_contained(result.context_text(), question.answers))
+                r = support_recall(result, question.supporting_documents)
+                if r is not None:
+                    recall.append(r)
+                tokens.append(result.context_tokens)
+                latency.append(result.timings.get("retrieval_ms", 0.0))
+                if progress:
+                    progress(1)
+            rows.append({
+                "strategy": name, "budget": budget, "questions": len(questions),
+                "answer_containment": round(float(np.mean(contained)), 4) if contained else None,
+                "support_recall": round(float(np.mean(recall)), 4) if recall else None,
+                "mean_context_tokens": round(float(np.mean(tokens)), 1),
+                "latency_median_ms": round(statistics.median(latency), 3),
+                "latency_p95_ms": round(float(np.percentile(latency, 95)), 3),
+            })
+    return rows
