@@ -42,7 +42,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, markup=False)  # stdout: answers and JSON print verbatim
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -133,7 +133,7 @@ def index(
         out.print(table)
         out.print("nodes: " + "  ".join(f"{t} {n}" for t, n in result.node_counts.items()) + f"   edges: {result.edge_count}")
         if result.skipped_files:
-            out.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
+            console.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
     if result.failures:
         console.print(f"[yellow]{result.failures} item(s) failed[/]; `noderag index` again retries only those")
         raise typer.Exit(EXIT_FAILED_ITEMS)
@@ -231,7 +231,7 @@ def stats(
     for kind, count in report["edges"]["by_kind"].items():
         edges.add_row(kind, str(count))
     for label in ("non_hnsw", "hnsw", "merged_total"):
-        edges.add_row(f"[bold]{label}[/]", str(report["edges"][label]))
+        edges.add_row(label, str(report["edges"][label]))
     out.print(edges)
     out.print(f"vectors: {report['vectors']['count']} of dimension {report['vectors']['dim']} "
               f"({report['vectors']['model']})")

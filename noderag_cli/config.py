@@ -67,6 +67,7 @@ class LLMConfig(_Section):
 
 class SearchConfig(_Section):
     vector_top_k: int = Field(10, ge=0)
+    min_similarity: float = Field(0.25, ge=-1, le=1, description="vector entry points below this cosine are dropped")
     ppr_alpha: float = Field(0.5, gt=0, le=1)
     ppr_iterations: int = Field(2, ge=0)
     ppr_variant: Literal["paper", "lazy"] = "paper"

@@ -110,6 +110,7 @@ class Retriever:
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
         self.names = NameIndex([name_texts[i] for i in names.tolist()], names)
         self.rows_by_type = {t: np.flatnonzero(self.types == t) for t in "TSNRAHO"}
+        self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
 
     # vector side ---------------------------------------------------------------
     def _selector(self, types: tuple[str, ...]):
@@ -145,7 +146,8 @@ class Retriever:
             raise QueryError(f"the question is {len(question):,} characters long; the limit is {MAX_QUESTION_CHARS:,}")
         return question
 
-    def entry_points(self, question: str, params: SearchConfig, ef_search: int) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    def entry_points(self, question: str, params: SearchConfig, ef_search: int,
+                     query_vector: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
         timings = {}
         t0 = time.perf_counter()
         entities = self.engine.query_entities(question) if params.use_exact else []
@@ -161,7 +163,10 @@ class Retriever:
         t0 = time.perf_counter()
         vector_rows = np.zeros(0, np.int64)
         if params.use_vector and params.vector_top_k > 0:
-            vector_rows, _ = self.vector_search(self.embed_question(question), params.vector_top_k, ("S", "A", "H"), ef_search)
+            if query_vector is None:
+                query_vector = self.embed_question(question)
+            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, ("S", "A", "H"), ef_search)
+            vector_rows = vector_rows[similarity >= params.min_similarity]
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
 
@@ -169,7 +174,9 @@ class Retriever:
         params = params or self.config.search
         question = self.check_question(question)
         started = time.perf_counter()
-        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, self.config.hnsw.ef_search)
+        query_vector = self.embed_question(question)
+        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, self.config.hnsw.ef_search,
+                                                                       query_vector)
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
         result = Retrieval(question=question, query_entities=entities, timings=timings)
         result.entry_points = {"exact": self.ids[exact_rows].tolist(), "vector": self.ids[vector_rows].tolist()}
@@ -183,7 +190,7 @@ class Retriever:
         scores = personalized_pagerank(self.transition_t, personalization, params.ppr_alpha, params.ppr_iterations,
                                        params.ppr_variant)
         if params.rank == "walk_similarity":
-            scores = self.walk_similarity(scores, personalization, params.ppr_alpha, question)
+            scores = self.walk_similarity(scores, personalization, params.ppr_alpha, query_vector)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
@@ -194,7 +201,8 @@ class Retriever:
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
 
-    def walk_similarity(self, ppr: np.ndarray, personalization: np.ndarray, alpha: float, question: str) -> np.ndarray:
+    def walk_similarity(self, ppr: np.ndarray, personalization: np.ndarray, alpha: float,
+                        query_vector: np.ndarray) -> np.ndarray:
         """Graph evidence times relevance: the PPR mass that arrived by walking (the teleport
         share alpha*p removed, else every entry point outranks every cross node), times the
         node's similarity to the question. R nodes, never embedded, keep their walk mass
@@ -202,7 +210,7 @@ class Retriever:
         walk = np.maximum(ppr - alpha * personalization / personalization.sum(), 0.0)
         embedded = self.node_of_vector
         similarity = np.zeros(len(self.ids), dtype=np.float64)
-        similarity[embedded] = np.maximum(self.vectors @ self.embed_question(question), 0.0)
+        similarity[embedded] = np.maximum(self.vectors @ query_vector, 0.0)
         relevance = np.sqrt(walk) * similarity
         not_embedded = self.vector_of_node < 0
         reached = walk > 0

@@ -1,0 +1,155 @@
+"""`noderag query` on the indexed sample corpus: retrieval, budgets, JSON shape, batch mode, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from noderag_cli import api
+from noderag_cli.graph import entity_id
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "sample_corpus"
+QUESTIONS = [json.loads(line) for line in (CORPUS / "questions.jsonl").read_text().splitlines() if line.strip()]
+
+
+def noderag(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "noderag_cli.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("query") / "ws"
+    api.index(ws, CORPUS)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def session(workspace):
+    return api.open_workspace(workspace)
+
+
+def test_questions_retrieve_their_supporting_documents(session):
+    recalls = []
+    for item in QUESTIONS:
+        result = session.retrieve(item["question"])
+        reached = {d for node in result.nodes if node.type in "TSAR" for d in node.documents}
+        gold = item["supporting_documents"]
+        recalls.append(sum(d in reached for d in gold) / len(gold))
+        assert any(d in reached for d in gold), item["question"]
+    assert sum(recalls) / len(recalls) >= 0.8
+
+
+def test_entry_points_contain_the_exact_match_entities(session):
+    result = session.retrieve("Which ship did the person after whom the Greyling Medal is named command?")
+    assert entity_id("Greyling Medal") in result.entry_points["exact"]
+    assert "Greyling Medal" in result.query_entities
+    assert result.entry_points["vector"], "vector entry points expected"
+
+
+@pytest.mark.parametrize("budget", [50, 200, 1000, 4000])
+def test_context_never_exceeds_the_budget_and_never_shows_names(session, budget):
+    params = session.retriever.config.search.model_copy(update={"budget_tokens": budget})
+    for item in QUESTIONS[:8]:
+        result = session.retrieve(item["question"], params)
+        assert result.context_tokens <= budget
+        assert all(node.type in ("T", "S", "A", "H", "R") for node in result.nodes)
+        assert len({node.id for node in result.nodes}) == len(result.nodes)
+
+
+def test_context_is_deterministic_and_grouped_by_type(session):
+    first = session.retrieve(QUESTIONS[0]["question"]).as_dict()
+    second = session.retrieve(QUESTIONS[0]["question"]).as_dict()
+    first.pop("timings"), second.pop("timings")
+    assert first == second
+    order = "HASRT"
+    ranks = [order.index(node["type"]) for node in first["nodes"]]
+    assert ranks == sorted(ranks)
+
+
+def _check_shape(payload: dict) -> None:
+    assert set(payload) >= {"question", "answer", "context_tokens", "nodes", "entry_points", "timings"}
+    assert isinstance(payload["context_tokens"], int)
+    assert set(payload["entry_points"]) == {"exact", "vector"}
+    assert isinstance(payload["timings"]["retrieval_ms"], float | int)
+    for node in payload["nodes"]:
+        assert set(node) >= {"id", "type", "score", "text", "documents"}
+        assert node["type"] in "TSAHR" and isinstance(node["documents"], list)
+        assert all(isinstance(d, str) and (CORPUS / d).is_file() for d in node["documents"])
+
+
+def test_json_output_has_the_documented_shape(workspace):
+    run = noderag("query", str(workspace), QUESTIONS[1]["question"], "--json", "--budget", "800")
+    assert run.returncode == 0, run.stderr
+    payload = json.loads(run.stdout)
+    _check_shape(payload)
+    assert payload["answer"].startswith("[offline extractive answer]")
+    assert payload["context_tokens"] <= 800
+
+
+def test_context_only_skips_the_answer(workspace):
+    run = noderag("query", str(workspace), QUESTIONS[2]["question"], "--json", "--context-only")
+    payload = json.loads(run.stdout)
+    assert payload["answer"] is None and payload["nodes"]
+
+
+def test_batch_mode_matches_one_by_one(workspace, tmp_path):
+    batch = tmp_path / "q.jsonl"
+    batch.write_text("\n".join(json.dumps({"question": q["question"], "id": i}) for i, q in enumerate(QUESTIONS[:4])))
+    run = noderag("query", str(workspace), "--questions", str(batch), "--context-only", "--budget", "600")
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [line["question"] for line in lines] == [q["question"] for q in QUESTIONS[:4]]
+    for line, item in zip(lines, QUESTIONS[:4], strict=True):
+        single = json.loads(noderag("query", str(workspace), item["question"], "--json", "--context-only",
+                                    "--budget", "600").stdout)
+        assert [n["id"] for n in line["nodes"]] == [n["id"] for n in single["nodes"]]
+        _check_shape(line)
+
+
+def test_a_question_that_matches_nothing_gives_an_empty_result(workspace):
+    run = noderag("query", str(workspace), "xqzv blorf wibble", "--json", "--context-only")
+    assert run.returncode == 0
+    payload = json.loads(run.stdout)
+    assert payload["nodes"] == [] and payload["context_tokens"] == 0
+
+
+@pytest.mark.parametrize("question, message", [("", "empty"), ("   ", "empty"), ("why " * 25_000, "limit")])
+def test_bad_questions_get_one_line_errors(workspace, question, message):
+    run = noderag("query", str(workspace), question)
+    assert run.returncode == 2
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_never_indexed_or_half_indexed_workspaces_are_refused(tmp_path):
+    run = noderag("query", str(tmp_path / "nothing"), "Who founded Vessmouth?")
+    assert run.returncode == 3 and "not found" in run.stderr and "Traceback" not in run.stderr
+    half = tmp_path / "half"
+    api.index(half, CORPUS, stop_after="decompose")
+    run = noderag("query", str(half), "Who founded Vessmouth?")
+    assert run.returncode == 3 and "did not finish" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_different_embedding_model_is_refused(workspace, tmp_path):
+    config = tmp_path / "other.yaml"
+    config.write_text(yaml.safe_dump({"embedding": {"dim": 64}}))
+    run = noderag("query", str(workspace), "Who founded Vessmouth?", "--config", str(config))
+    assert run.returncode == 3 and "embedding" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_missing_question_file_and_malformed_lines(workspace, tmp_path):
+    run = noderag("query", str(workspace), "--questions", str(tmp_path / "none.jsonl"))
+    assert run.returncode == 2 and "not found" in run.stderr
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"question": "Who founded Vessmouth?"}\nnot json\n{"nope": 1}\n')
+    run = noderag("query", str(workspace), "--questions", str(mixed), "--context-only")
+    assert run.returncode == 0
+    assert len(run.stdout.splitlines()) == 1
+    assert ":2:" in run.stderr and ":3:" in run.stderr
