@@ -21,7 +21,7 @@ from ..index.pipeline import check_embedding_model
 from ..workspace import Workspace, WorkspaceError
 from . import context
 from .entry import NameIndex
-from .ppr import personalized_pagerank, transition_transpose
+from .ppr import personalized_pagerank, transition
 
 MAX_QUESTION_CHARS = 20_000
 
@@ -92,7 +92,7 @@ class Retriever:
         self.doc_ids = nodes["doc_ids"].to_pylist()
         documents = ws.read_table(ws.path("documents.parquet"), ["doc_id", "path"])
         self.doc_path = dict(zip(documents["doc_id"].to_pylist(), documents["path"].to_pylist(), strict=True))
-        self.transition_t = transition_transpose(self.graph.adjacency)
+        self.transition = transition(self.graph.adjacency)
         self.adjacency = self.graph.adjacency
 
         vector_row = nodes["vector_row"].to_numpy()
@@ -187,7 +187,7 @@ class Retriever:
         t0 = time.perf_counter()
         personalization = np.zeros(len(self.ids), dtype=np.float64)
         personalization[entries] = 1.0
-        scores = personalized_pagerank(self.transition_t, personalization, params.ppr_alpha, params.ppr_iterations,
+        scores = personalized_pagerank(self.transition, personalization, params.ppr_alpha, params.ppr_iterations,
                                        params.ppr_variant)
         if params.rank == "walk_similarity":
             scores = self.walk_similarity(scores, personalization, params.ppr_alpha, query_vector)
@@ -208,13 +208,12 @@ class Retriever:
         node's similarity to the question. R nodes, never embedded, keep their walk mass
         scaled by the mean similarity of the candidates, so they rank on one scale with the rest."""
         walk = np.maximum(ppr - alpha * personalization / personalization.sum(), 0.0)
-        embedded = self.node_of_vector
         similarity = np.zeros(len(self.ids), dtype=np.float64)
-        similarity[embedded] = np.maximum(self.vectors @ query_vector, 0.0)
+        reached = np.flatnonzero((walk > 0) & (self.vector_of_node >= 0))
+        similarity[reached] = np.maximum(np.einsum("ij,j->i", self.vectors[self.vector_of_node[reached]], query_vector), 0.0)
         relevance = np.sqrt(walk) * similarity
         not_embedded = self.vector_of_node < 0
-        reached = walk > 0
-        typical = similarity[reached & ~not_embedded].mean() if np.any(reached & ~not_embedded) else 0.0
+        typical = similarity[reached].mean() if len(reached) else 0.0
         relevance[not_embedded] = np.sqrt(walk[not_embedded]) * typical * 0.5
         return relevance
 

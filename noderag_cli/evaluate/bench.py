@@ -1,0 +1,153 @@
+"""`make bench`: every figure in docs/benchmarks.md, measured in one run on this machine.
+
+    python -m noderag_cli.evaluate.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
+
+Sections: indexing (time per stage, peak memory, resume, determinism, incremental),
+retrieval quality and latency against plain vector search at equal budgets, the
+ablation table, and the LLM engine's limiter and overhead. Reads the question sets from
+`../shared/eval` and skips a section cleanly when they are absent. Latencies are medians
+over several rounds, with ratios against the baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import api
+from .baselines import naive_rag
+from .datasets import is_yes_no, load_hotpotqa, load_musique
+from .metrics import answer_contained, support_recall
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADERS = {"musique": load_musique, "hotpotqa": load_hotpotqa}
+BUDGETS = (1000, 2000)
+ROUNDS = 5
+
+
+def _workspace(dataset: str, data: Path, work: Path):
+    corpus = work / f"{dataset}-corpus"
+    questions = LOADERS[dataset](data / dataset, corpus)
+    ws = work / f"{dataset}-ws"
+    api.index(ws, corpus)
+    return questions, api.open_workspace(ws)
+
+
+def retrieval_section(data: Path, work: Path, rounds: int) -> list[str]:
+    lines = ["## Retrieval: NodeRAG against plain vector search at equal budgets", "",
+             "Offline engine, bundled `wordllama` embeddings, one tokenizer (Llama-2 BPE from the wordllama wheel) "
+             "for every method. Plain vector search = top passages by cosine (`naive`), filled to the same budget. "
+             "Answer containment leaves out yes/no answers. Latency: retrieval only, median over "
+             f"{rounds} rounds per question, then median and 95th percentile over questions.", "",
+             "| set | budget | method | answer containment | support recall | mean context tokens | latency median ms | latency p95 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    summary = []
+    for dataset in LOADERS:
+        if not (data / dataset / "corpus.json").is_file():
+            lines.append(f"| {dataset} | - | skipped: {data / dataset} not found | | | | | |")
+            continue
+        questions, session = _workspace(dataset, data, work)
+        retriever = session.retriever
+        methods = {
+            "naive": lambda q, b: naive_rag(retriever, q, b),
+            "noderag": lambda q, b: retriever.retrieve(q, retriever.config.search.model_copy(update={"budget_tokens": b})),
+        }
+        for budget in BUDGETS:
+            medians = {}
+            for name, method in methods.items():
+                contained, recall, tokens, latency = [], [], [], []
+                for question in questions:
+                    timings = []
+                    for _ in range(rounds):
+                        result = method(question.question, budget)
+                        timings.append(result.timings["retrieval_ms"])
+                    latency.append(statistics.median(timings))
+                    if not is_yes_no(question):
+                        contained.append(answer_contained(result.context_text(), question.answers))
+                    share = support_recall(result, question.supporting_documents)
+                    if share is not None:
+                        recall.append(share)
+                    tokens.append(result.context_tokens)
+                medians[name] = (np.mean(contained), np.mean(recall), np.mean(tokens), statistics.median(latency),
+                                 float(np.percentile(latency, 95)))
+                c, r, t, m, p = medians[name]
+                lines.append(f"| {dataset} | {budget} | {name} | {c:.3f} | {r:.3f} | {t:.0f} | {m:.2f} | {p:.2f} |")
+            node, naive = medians["noderag"], medians["naive"]
+            summary.append((dataset, budget, node[0] - naive[0], node[1] - naive[1], node[3], node[3] / naive[3]))
+    lines += ["", "Targets (issue 5): NodeRAG at least 5 points above plain vector search on answer containment and "
+              "support recall at both budgets on both sets; latency median under 20 ms and at most 5x plain vector search.",
+              "", "| set | budget | containment gain (points) | recall gain (points) | NodeRAG median ms | ratio to plain search | all targets met |",
+              "|---|---|---|---|---|---|---|"]
+    for dataset, budget, dc, dr, ms, ratio in summary:
+        met = dc >= 0.05 and dr >= 0.05 and ms < 20 and ratio <= 5
+        lines.append(f"| {dataset} | {budget} | {dc * 100:+.1f} | {dr * 100:+.1f} | {ms:.2f} | {ratio:.1f}x | {'yes' if met else 'no'} |")
+    return lines
+
+
+def _module_section(module: str, args: list[str], title: str, timeout: int) -> list[str]:
+    """Run a benchmark module in a child process (own memory peak, own timings) and take its Markdown."""
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if run.returncode != 0:
+        tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
+        return [f"## {title}", "", f"`python -m {module} {' '.join(args)}` failed: " + " / ".join(tail)]
+    return [run.stdout.strip(), "", f"_(section took {time.perf_counter() - started:.0f} s)_"]
+
+
+def ablation_section(data: Path, work: Path) -> list[str]:
+    from .ablate import ablation_table, to_markdown
+
+    lines = ["## Ablations and baselines", "",
+             "Same workspaces, offline engine; every variant changes search only (no-hnsw searches a cached copy "
+             "of the graph without similarity edges). Generated by `ablation_table` in noderag_cli/evaluate/ablate.py."]
+    for dataset in LOADERS:
+        if not (data / dataset / "corpus.json").is_file():
+            lines += ["", f"{dataset}: skipped, {data / dataset} not found"]
+            continue
+        started = time.perf_counter()
+        rows = ablation_table(dataset, data / dataset, work, budgets=BUDGETS)
+        lines += ["", f"### {dataset} ({time.perf_counter() - started:.0f} s)", "", to_markdown(rows)]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "eval")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-out")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, scaled-down LLM limiter run")
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    rounds = 2 if args.quick else ROUNDS
+    command = "make bench" + (" (quick)" if args.quick else "")
+    header = ["# Benchmarks", "", f"Produced by `{command}` (`python -m noderag_cli.evaluate.bench`) on "
+              f"{datetime.date.today().isoformat()}, {platform.machine()}, {platform.python_version()}, "
+              f"{__import__('os').cpu_count()} cores. Shared, noisy machine: read ratios more than absolute times. "
+              "Generated file: do not edit by hand; rerun the command.", ""]
+    sections = [header]
+    quick = ["--quick"] if args.quick else []
+    data_args = ["--data", str(args.data)]
+    sections.append(_module_section("noderag_cli.evaluate.bench_index", [*data_args, *quick], "Indexing", 3600))
+    if (args.data / "musique").is_dir():
+        sections.append(retrieval_section(args.data, args.work, rounds))
+    else:
+        sections.append(["## Retrieval", "", f"skipped: {args.data} not found"])
+    sections.append(ablation_section(args.data, args.work))
+    sections.append(_module_section("tests.llm_support.bench_llm", quick, "LLM engine", 1800))
+    text = "\n\n".join("\n".join(s) for s in sections) + "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
