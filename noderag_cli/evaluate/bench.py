@@ -57,8 +57,8 @@ def retrieval_section(data: Path, work: Path, rounds: int) -> list[str]:
         questions, session = _workspace(dataset, data, work)
         retriever = session.retriever
         methods = {
-            "naive": lambda q, b: naive_rag(retriever, q, b),
-            "noderag": lambda q, b: retriever.retrieve(q, retriever.config.search.model_copy(update={"budget_tokens": b})),
+            "naive": lambda q, b, r=retriever: naive_rag(r, q, b),
+            "noderag": lambda q, b, r=retriever: r.retrieve(q, r.config.search.model_copy(update={"budget_tokens": b})),
         }
         for budget in BUDGETS:
             medians = {}
