@@ -1,0 +1,91 @@
+"""`index --dry-run` with an LLM engine: calls, tokens and cost before anything is spent.
+
+How the estimate is made (also stated in its output): the offline engine indexes the
+same folder into a throw-away workspace (seconds; no network, no key). Decomposition
+calls are the real chunks, with exactly the prompts the LLM engine would send; attribute
+and community calls are those the offline graph yields, with their real prompts, since
+an LLM-decomposed graph has a similar but not equal number of important entities and
+communities. Calls whose request is already in this workspace's cache are not counted.
+Output tokens are assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .config import Config
+from .embeddings import Embedder
+from .engines.offline import OfflineEngine
+from .index.pipeline import run_pipeline
+from .workspace import Workspace
+
+# reply size assumptions: decomposition restates a chunk as units with entities and triples
+OUTPUT_TOKENS = {"decompose": lambda prompt_tokens: int(prompt_tokens * 0.9), "attributes": lambda _: 180,
+                 "community_elements": lambda _: 450}
+
+
+class _RecordingEngine(OfflineEngine):
+    """The offline engine, keeping the inputs of every task it is given."""
+
+    def __init__(self, embedder: Embedder):
+        super().__init__(embedder)
+        self.seen: dict[str, list] = {"decompose": [], "attributes": [], "community_elements": []}
+
+    def decompose(self, chunks, progress=None):
+        self.seen["decompose"].extend(chunks)
+        return super().decompose(chunks, progress)
+
+    def attributes(self, items, progress=None):
+        self.seen["attributes"].extend(items)
+        return super().attributes(items, progress)
+
+    def community_elements(self, items, progress=None):
+        self.seen["community_elements"].extend(items)
+        return super().community_elements(items, progress)
+
+
+def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
+    from .engines import llm, prompts
+
+    embedder = Embedder(config.embedding, ws.cache if ws.exists() else None)
+    recorder = _RecordingEngine(embedder)
+    with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch:
+        offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"})})
+        scratch_ws = Workspace(Path(scratch))
+        scratch_ws.create()
+        try:
+            run_pipeline(scratch_ws, Path(input_folder), offline, recorder, embedder, stop_after="communities")
+        finally:
+            scratch_ws.close()
+
+    engine = llm.LiteLLMEngine(config.llm, ws.cache) if ws.exists() else None
+    tasks = {}
+    for task, items in recorder.seen.items():
+        items = _unique(items)
+        if engine is not None:
+            keys = [engine.request_key(task, prompts.build_messages(task, item)) for item in items]
+            cached = ws.cache.get_many(llm.CACHE_NS, keys)
+            items = [item for item, key in zip(items, keys, strict=True) if key not in cached]
+        prompt_tokens = llm.prompt_tokens_for(task, items, config.llm.model) if items else []
+        output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
+        tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
+    priced = llm.estimate_cost(config.llm.model, tasks)
+
+    def money(value) -> str:
+        return "unknown price" if value is None else f"${value:.4f}"
+
+    return {
+        "model": config.llm.model,
+        "method": "offline-engine pass over the corpus; decomposition exact, later stages from the offline graph",
+        "tasks": {task: {**{k: row[k] for k in ("calls", "input_tokens", "output_tokens")}, "cost": money(row["cost_usd"])}
+                  for task, row in priced["tasks"].items()},
+        "total": {**{k: priced["total"][k] for k in ("calls", "input_tokens", "output_tokens")},
+                  "cost": money(priced["total"]["cost_usd"])},
+        "note": priced.get("note", ""),
+    }
+
+
+def _unique(items: list) -> list:
+    """Each distinct task input once (a chunk shared by two documents is one call)."""
+    return list({repr(item): item for item in items}.values())
