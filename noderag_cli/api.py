@@ -190,7 +190,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     if config.llm.engine != "offline":
         from .estimate import estimate_llm
 
-        result["llm"] = estimate_llm(ws, files, config)
+        result["llm"] = estimate_llm(ws, Path(input_folder), config)
     return result
 
 
