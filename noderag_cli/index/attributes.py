@@ -9,15 +9,63 @@ texts of its S and R neighbours (not raw chunks), bounded by a token budget.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 
-import networkx as nx
 import numpy as np
 import pyarrow as pa
+import scipy.sparse as sp
+from scipy.sparse import csgraph
 
 from .. import nlp
 from ..engines.base import AttributeInput, Engine, Failure
 from ..graph import Graph, NodeSet, attribute_id, make_edges
+
+
+def pivot_nodes(n: int, pivots: int, seed: int) -> list[int]:
+    """The seeded sample of BFS sources: the same draw as networkx's `betweenness_centrality(k, seed)`."""
+    return random.Random(seed).sample(list(range(n)), min(pivots, n))
+
+
+def sampled_betweenness(structure: sp.csr_matrix, sources: list[int]) -> np.ndarray:
+    """Brandes' dependency accumulation from the given sources on an unweighted undirected graph.
+
+    Unnormalised (the caller compares against the mean, so any constant factor cancels).
+    Each source costs one BFS (scipy) and one pass over the shortest-path DAG's edges,
+    level by level, as numpy segment sums: no Python loop over nodes or edges.
+    """
+    n = structure.shape[0]
+    between = np.zeros(n, dtype=np.float64)
+    if n == 0 or not sources:
+        return between
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(structure.indptr))
+    cols = structure.indices.astype(np.int64)
+    distances = csgraph.shortest_path(structure, method="D", unweighted=True, directed=False, indices=sources)
+    for s, dist in zip(sources, np.atleast_2d(distances), strict=True):
+        finite = np.isfinite(dist)
+        level = np.where(finite, dist, -2).astype(np.int64)
+        on_dag = finite[rows] & (level[cols] == level[rows] + 1)
+        u, v = rows[on_dag], cols[on_dag]
+        order = np.argsort(level[v], kind="stable")
+        u, v = u[order], v[order]
+        edge_level = level[v]
+        top = int(edge_level[-1]) if len(edge_level) else 0
+        bounds = np.searchsorted(edge_level, np.arange(1, top + 2))
+        sigma = np.zeros(n, dtype=np.float64)
+        sigma[s] = 1.0
+        for d in range(top):  # forward: paths counted level by level
+            lo, hi = bounds[d], bounds[d + 1]
+            if hi > lo:
+                sigma += np.bincount(v[lo:hi], weights=sigma[u[lo:hi]], minlength=n)
+        delta = np.zeros(n, dtype=np.float64)
+        for d in range(top - 1, -1, -1):  # backward: dependencies flow from the deepest level up
+            lo, hi = bounds[d], bounds[d + 1]
+            if hi > lo:
+                uu, vv = u[lo:hi], v[lo:hi]
+                delta += np.bincount(uu, weights=sigma[uu] / sigma[vv] * (1.0 + delta[vv]), minlength=n)
+        delta[s] = 0.0
+        between += delta
+    return between
 
 
 def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
@@ -32,9 +80,7 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     is_entity = graph.types == "N"
     core = is_entity & (degree >= max(threshold, 1))
 
-    nx_graph = nx.from_scipy_sparse_array(structure)
-    between = nx.betweenness_centrality(nx_graph, k=min(pivots, n), seed=seed, normalized=True)
-    b = np.fromiter((between[i] for i in range(n)), dtype=np.float64, count=n)
+    b = sampled_betweenness(structure, pivot_nodes(n, pivots, seed))
     scale = math.floor(math.log10(n)) if n >= 10 else 1
     bridges = is_entity & (b > b.mean() * scale)
     return np.flatnonzero(core | bridges)
@@ -42,14 +88,15 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
 
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
 ) -> tuple[pa.Table, pa.Table, dict[str, str]]:
+    """A nodes, A-N edges and failures per entity id. Reads the `tokens` column of `nodes`."""
     graph = Graph.from_tables(nodes, edges)
     chosen = important_entities(graph, pivots, seed)
     texts = nodes["text"].to_pylist()
     names = nodes["name"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
-    tokens = np.asarray(nlp.count_tokens(texts), dtype=np.int64) if texts else np.zeros(0, np.int64)
+    tokens = nodes["tokens"].to_numpy().astype(np.int64)
     adjacency = graph.adjacency
     items, sources = [], []
     for i in chosen.tolist():
@@ -71,4 +118,4 @@ def run(
         provenance = sorted({c for j in picked for c in chunk_ids[j]})
         a = built.add(attribute_id(graph.ids[i]), result, provenance, name=names[i])
         pairs.append((a, graph.ids[i]))
-    return built.table(), make_edges(pairs, "A-N"), failures
+    return built.table(count_tokens), make_edges(pairs, "A-N"), failures

@@ -10,6 +10,7 @@ with no boundaries at all (a 5 MB line).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from .. import nlp
 from ..graph import chunk_id, document_id
+from ..workspace import Cache, json_digest
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -123,14 +125,17 @@ def document_title(text: str, path: str) -> str:
     return ""
 
 
-def chunk_text(text: str, max_tokens: int) -> list[str]:
-    """Greedy packing of paragraphs (then sentences, then token pieces) up to max_tokens."""
+def chunk_text(text: str, max_tokens: int, overlap_tokens: int = 0) -> list[str]:
+    """Greedy packing of paragraphs (then sentences, then token pieces) up to max_tokens.
+
+    With overlap, a chunk starts with the last whole pieces of the one before, as many as
+    fit in `overlap_tokens` (at most half a chunk), so overlap never cuts a sentence.
+    """
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.replace("\r\n", "\n"))]
+    paragraphs = [p for p in paragraphs if p]
     pieces: list[str] = []
-    for paragraph in re.split(r"\n\s*\n", text.replace("\r\n", "\n")):
-        paragraph = paragraph.strip()
-        if not paragraph:
-            continue
-        if nlp.count_tokens([paragraph])[0] <= max_tokens:
+    for paragraph, size in zip(paragraphs, nlp.count_tokens(paragraphs), strict=True):
+        if size <= max_tokens:
             pieces.append(paragraph)
             continue
         for sentence in nlp.split_sentences(paragraph):
@@ -138,36 +143,85 @@ def chunk_text(text: str, max_tokens: int) -> list[str]:
     if not pieces:
         return []
     sizes = nlp.count_tokens(pieces)
+    overlap_tokens = min(overlap_tokens, max_tokens // 2)
     chunks: list[str] = []
-    current: list[str] = []
+    current: list[tuple[str, int]] = []
     current_tokens = 0
+    fresh = False  # current holds a piece not yet in any chunk
     for piece, size in zip(pieces, sizes, strict=True):
-        if current and current_tokens + size + 1 > max_tokens:
-            chunks.append("\n\n".join(current))
-            current, current_tokens = [], 0
-        current.append(piece)
+        if current and fresh and current_tokens + size + 1 > max_tokens:
+            chunks.append("\n\n".join(p for p, _ in current))
+            carried: list[tuple[str, int]] = []
+            carried_tokens = 0
+            for old, old_size in reversed(current):
+                if carried_tokens + old_size + 1 > overlap_tokens:
+                    break
+                carried.insert(0, (old, old_size))
+                carried_tokens += old_size + 1
+            current, current_tokens = carried, carried_tokens
+            while current and current_tokens + size + 1 > max_tokens:
+                current_tokens -= current.pop(0)[1] + 1
+        current.append((piece, size))
         current_tokens += size + 1
-    if current:
-        chunks.append("\n\n".join(current))
+        fresh = True
+    if current and fresh:
+        chunks.append("\n\n".join(p for p, _ in current))
     return chunks
 
 
-def run(files: list[ScannedFile], max_tokens: int) -> tuple[pa.Table, pa.Table]:
+CHUNKER_VERSION = 2
+
+
+def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> str:
+    """What a document's chunks depend on: its bytes, the chunk settings, and (for the title) its kind."""
+    kind = "md" if file.path.lower().endswith(".md") else "txt"
+    return json_digest([CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, kind])
+
+
+def document_chunks(
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None
+) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(title, [(chunk text, tokens)]) per file; cached by content so unchanged documents cost a lookup."""
+    keys = [chunk_cache_key(f, max_tokens, overlap_tokens) if f.text is not None else "" for f in files]
+    found = cache.get_many("chunks", [k for k in keys if k]) if cache is not None else {}
+    out: list[tuple[str, list[tuple[str, int]]]] = []
+    fresh: list[tuple[str, bytes]] = []
+    for file, key in zip(files, keys, strict=True):
+        if file.text is None:
+            out.append(("", []))
+            continue
+        if key in found:
+            title, pieces = json.loads(found[key])
+            out.append((title, [(t, n) for t, n in pieces]))
+            continue
+        pieces = chunk_text(file.text, max_tokens, overlap_tokens)
+        entry = (document_title(file.text, file.path), list(zip(pieces, nlp.count_tokens(pieces), strict=True)))
+        out.append(entry)
+        fresh.append((key, json.dumps(entry).encode()))
+        if cache is not None and len(fresh) >= 256:
+            cache.put_many("chunks", fresh)
+            fresh = []
+    if cache is not None:
+        cache.put_many("chunks", fresh)
+    return out
+
+
+def run(
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None
+) -> tuple[pa.Table, pa.Table]:
     """Documents and chunks tables for the scanned files."""
     docs = {name: [] for name in DOCUMENT_SCHEMA.names}
     chunks = {name: [] for name in CHUNK_SCHEMA.names}
-    for file in files:
+    for file, (title, pieces) in zip(files, document_chunks(files, max_tokens, overlap_tokens, cache), strict=True):
         doc = document_id(file.path)
-        pieces = chunk_text(file.text, max_tokens) if file.text is not None else []
         reason = file.reason or ("" if pieces else "no text after cleaning")
-        title = document_title(file.text, file.path) if file.text else ""
         for name, value in zip(
             DOCUMENT_SCHEMA.names,
             [doc, file.path, title, file.content_hash, file.size, "indexed" if pieces else "skipped", reason, len(pieces)],
             strict=True,
         ):
             docs[name].append(value)
-        for ordinal, (piece, tokens) in enumerate(zip(pieces, nlp.count_tokens(pieces), strict=True)):
+        for ordinal, (piece, tokens) in enumerate(pieces):
             for name, value in zip(
                 CHUNK_SCHEMA.names, [chunk_id(piece), doc, ordinal, title, piece, tokens], strict=True
             ):

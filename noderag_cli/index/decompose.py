@@ -68,7 +68,9 @@ def _load_units(blob: bytes) -> list[Unit]:
     return [Unit(text, tuple(ents), tuple(tuple(r) for r in rels)) for text, ents, rels in json.loads(blob)]
 
 
-def build_graph(units_by_chunk: dict[str, list[Unit]]) -> tuple[pa.Table, pa.Table]:
+def build_graph(
+    units_by_chunk: dict[str, list[Unit]], count_tokens: Callable[[list[str]], list[int]] | None = None
+) -> tuple[pa.Table, pa.Table]:
     """S, N, R nodes and S-N, S-R, R-N edges from the units of every chunk."""
     nodes = NodeSet()
     s_n, s_r, r_n = [], [], []
@@ -87,4 +89,4 @@ def build_graph(units_by_chunk: dict[str, list[Unit]]) -> tuple[pa.Table, pa.Tab
                 s_r.append((s, r))
                 r_n.extend([(r, entity_id(source)), (r, entity_id(target))])
     edges = merge_edges([make_edges(s_n, "S-N"), make_edges(s_r, "S-R"), make_edges(r_n, "R-N")])
-    return nodes.table(), edges
+    return nodes.table(count_tokens), edges

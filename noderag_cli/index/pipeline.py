@@ -9,6 +9,7 @@ interrupted, resumed or incremental run yields the same tables as a fresh one.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,25 @@ def run_pipeline(
     return result
 
 
+class TokenCounter:
+    """`nlp.count_tokens` through the workspace cache (namespace "tokens", key: the text's digest):
+    token counts of unchanged nodes are looked up, not re-tokenised, in an update."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __call__(self, texts: list[str]) -> list[int]:
+        keys = [hashlib.blake2b(t.encode("utf-8"), digest_size=12).hexdigest() for t in texts]
+        found = self.cache.get_many("tokens", keys)
+        todo = list({k: t for k, t in zip(keys, texts, strict=True) if k not in found}.items())
+        if todo:
+            counts = nlp.count_tokens([t for _, t in todo])
+            fresh = [(k, str(c).encode()) for (k, _), c in zip(todo, counts, strict=True)]
+            self.cache.put_many("tokens", fresh)
+            found.update(fresh)
+        return [int(found[k]) for k in keys]
+
+
 def _snapshot(stats: EngineStats) -> dict:
     return {k: dict(vars(v)) for k, v in stats.by_task.items()}
 
@@ -206,9 +226,10 @@ def _read(ws: Workspace, stage: str, name: str) -> pa.Table:
 def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine, embedder: Embedder,
                reporter: Reporter) -> dict:
     g = config.graph
+    counter = TokenCounter(ws.cache)
     if stage == "chunk":
         reporter.stage_started(stage, None)
-        documents, chunks = chunk.run(files, config.chunk.chunk_tokens)
+        documents, chunks = chunk.run(files, config.chunk.chunk_tokens, config.chunk.overlap_tokens, ws.cache)
         write_parquet(ws.path("documents.parquet"), documents)
         write_parquet(ws.stage_path("chunk", "chunks.parquet"), chunks)
         return {"documents": documents.num_rows, "chunks": chunks.num_rows}
@@ -216,7 +237,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         chunks = _read(ws, "chunk", "chunks.parquet")
         reporter.stage_started(stage, chunks.num_rows)
         units, failures = decompose.decompose_chunks(chunks, engine, ws.cache, reporter.advance)
-        nodes, edges = decompose.build_graph(units)
+        nodes, edges = decompose.build_graph(units, counter)
         embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist())
         _commit(ws, stage, nodes, edges, failures)
         return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures)}
@@ -224,7 +245,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         nodes, edges = _read(ws, "decompose", "nodes.parquet"), _read(ws, "decompose", "edges.parquet")
         reporter.stage_started(stage, None)
         new_nodes, new_edges, failures = attributes.run(
-            nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance
+            nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance, counter
         )
         embedder.embed(new_nodes["text"].to_pylist())
         _commit(ws, stage, new_nodes, new_edges, failures)
@@ -235,7 +256,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         reporter.stage_started(stage, None)
         new_nodes, new_edges, assignments, failures = communities.run(
             nodes.sort_by("id"), edges, engine, embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-            reporter.advance,
+            reporter.advance, counter,
         )
         _commit(ws, stage, new_nodes, new_edges, failures)
         write_parquet(ws.stage_path(stage, "assignments.parquet"), assignments.sort_by("id"))
@@ -301,7 +322,6 @@ def _assemble(ws: Workspace, config: Config) -> dict:
     node_ids = nodes["id"].to_pylist()
     columns = {name: nodes[name] for name in NODE_COLUMNS}
     columns["doc_ids"] = pa.array(doc_ids, pa.list_(pa.string()))
-    columns["tokens"] = pa.array(nlp.count_tokens(nodes["text"].to_pylist()), pa.int32())
     columns["community"] = pa.array([community_of.get(i, -1) for i in node_ids], pa.int32())
     columns["vector_row"] = pa.array([row_of.get(i, -1) for i in node_ids], pa.int32())
     final = pa.table(columns).cast(NODE_SCHEMA)

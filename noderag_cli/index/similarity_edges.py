@@ -39,10 +39,9 @@ def base_layer_pairs(index: faiss.IndexHNSWFlat) -> np.ndarray:
     neighbors = faiss.vector_to_array(hnsw.neighbors)
     width = hnsw.nb_neighbors(0)
     layer0 = neighbors[offsets[:n, None] + np.arange(width)[None, :]]
-    rows = np.repeat(np.arange(n), width)
-    cols = layer0.ravel()
-    keep = cols >= 0
-    pairs = np.stack([rows[keep], cols[keep]], axis=1)
-    pairs = np.sort(pairs, axis=1)
-    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    return np.unique(pairs, axis=0)
+    rows = np.repeat(np.arange(n, dtype=np.int64), width)
+    cols = layer0.ravel().astype(np.int64)
+    keep = (cols >= 0) & (cols != rows)
+    lo, hi = np.minimum(rows[keep], cols[keep]), np.maximum(rows[keep], cols[keep])
+    codes = np.unique(lo * n + hi)
+    return np.stack([codes // n, codes % n], axis=1)
