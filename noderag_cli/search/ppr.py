@@ -1,8 +1,11 @@
-"""Shallow personalised PageRank as sparse matrix-vector products (paper §2.5).
+"""Personalised PageRank as sparse matrix-vector products (paper §2.5).
 
 paper: pi_t = alpha * p + (1 - alpha) * P^T pi_(t-1), pi_0 = p
 lazy:  pi_t = alpha * P^T pi_(t-1) + (1 - alpha) * pi_(t-1)   (the reference code's walk)
-P is the row-normalised weighted adjacency; `transition` builds it once per workspace load. iterations=None runs to convergence (the "deep PPR" ablation).
+P is the row-normalised weighted adjacency, built once per workspace load.
+`shallow_ppr` is the query path: a fixed, small number of steps from a few entry points
+reads only the rows of P that carry mass. `personalized_pagerank` is the dense form,
+which also runs to convergence (iterations=None, the "deep PPR" ablation).
 """
 
 from __future__ import annotations
@@ -12,33 +15,41 @@ import scipy.sparse as sp
 
 
 def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
-    """P, row-normalised, CSR. x^T P (= (P^T x)^T) is what a walk step computes."""
+    """P, row-normalised, CSR."""
     degree = np.asarray(adjacency.sum(axis=1)).ravel()
     inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
     return (sp.diags(inverse) @ adjacency).tocsr()
 
 
+def transition_transpose(adjacency: sp.csr_matrix) -> sp.csr_matrix:
+    """P^T, CSR, for the dense iteration."""
+    return transition(adjacency).T.tocsr()
+
+
+def _step(walked, pi, p, alpha: float, variant: str):
+    return alpha * p + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
+
+
+def shallow_ppr(transition_p: sp.csr_matrix, personalization: np.ndarray, alpha: float, iterations: int,
+                variant: str = "paper") -> np.ndarray:
+    """A step is a sparse row vector times CSR P (x^T P = (P^T x)^T): its cost follows the mass, not the graph."""
+    p = sp.csr_matrix((personalization / personalization.sum()).reshape(1, -1))
+    pi = p
+    for _ in range(iterations):
+        pi = _step(pi @ transition_p, pi, p, alpha, variant)
+    return pi.toarray().ravel()
+
+
 def personalized_pagerank(
-    transition_p: sp.csr_matrix, personalization: np.ndarray, alpha: float, iterations: int | None,
+    transition_t: sp.csr_matrix, personalization: np.ndarray, alpha: float, iterations: int | None,
     variant: str = "paper", tolerance: float = 1e-8, max_iterations: int = 200,
 ) -> np.ndarray:
-    """Shallow runs stay sparse: a step reads only the rows of P that carry mass (row vector
-    times CSR), so two iterations from a few entry points never touch the whole graph."""
     p = personalization / personalization.sum() if personalization.sum() > 0 else personalization
-    if iterations is not None:
-        p_row = sp.csr_matrix(p.reshape(1, -1))
-        pi = p_row
-        for _ in range(iterations):
-            walked = pi @ transition_p
-            pi = alpha * p_row + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
-        return pi.toarray().ravel()
-    transition_t = transition_p.T.tocsr()
     pi = p.copy()
-    for _ in range(max_iterations):
-        walked = transition_t @ pi
-        nxt = alpha * p + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
+    for _ in range(max_iterations if iterations is None else iterations):
+        nxt = _step(transition_t @ pi, pi, p, alpha, variant)
         converged = np.abs(nxt - pi).sum() < tolerance
         pi = nxt
-        if converged:
+        if iterations is None and converged:
             break
     return pi

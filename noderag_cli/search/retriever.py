@@ -21,7 +21,7 @@ from ..index.pipeline import check_embedding_model
 from ..workspace import Workspace, WorkspaceError
 from . import context
 from .entry import NameIndex
-from .ppr import personalized_pagerank, transition
+from .ppr import shallow_ppr, transition
 
 MAX_QUESTION_CHARS = 20_000
 
@@ -93,6 +93,7 @@ class Retriever:
         documents = ws.read_table(ws.path("documents.parquet"), ["doc_id", "path"])
         self.doc_path = dict(zip(documents["doc_id"].to_pylist(), documents["path"].to_pylist(), strict=True))
         self.transition = transition(self.graph.adjacency)
+        self.transition_t = self.transition.T.tocsr()
         self.adjacency = self.graph.adjacency
 
         vector_row = nodes["vector_row"].to_numpy()
@@ -187,8 +188,8 @@ class Retriever:
         t0 = time.perf_counter()
         personalization = np.zeros(len(self.ids), dtype=np.float64)
         personalization[entries] = 1.0
-        scores = personalized_pagerank(self.transition, personalization, params.ppr_alpha, params.ppr_iterations,
-                                       params.ppr_variant)
+        scores = shallow_ppr(self.transition, personalization, params.ppr_alpha, params.ppr_iterations,
+                             params.ppr_variant)
         if params.rank == "walk_similarity":
             scores = self.walk_similarity(scores, personalization, params.ppr_alpha, query_vector)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
