@@ -163,7 +163,9 @@ def find_entities(sentence: str) -> list[tuple[int, int, str]]:
         while j + 1 < len(words):
             _, _, nxt = words[j + 1]
             gap = sentence[words[j][1] : words[j + 1][0]]
-            if gap.strip() not in ("", "-", "&") or not nxt:
+            ends_sentence = words[j][2] != sentence[words[j][0] : words[j][1]] and len(words[j][2]) > 1 and \
+                sentence[words[j][1] - 1] == "." and words[j][2].casefold() not in ABBREVIATIONS
+            if gap.strip() not in ("", "-", "&") or not nxt or ends_sentence:
                 break
             if _is_cap(nxt) and not nxt.isdigit():
                 j += 1

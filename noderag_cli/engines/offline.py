@@ -68,7 +68,11 @@ class OfflineEngine:
         title = chunk.title.strip()
         title_key = normalize_name(title) if title else ""
         sentences: list[str] = []
-        for block in nlp.paragraphs(chunk.text):
+        body = chunk.text
+        first, _, rest = body.lstrip().partition("\n")
+        if title and nlp.strip_markdown(first.strip()) == title:
+            body = rest
+        for block in nlp.paragraphs(body):
             if re.match(r"^#{1,6}\s", block) or (title and nlp.strip_markdown(block) == title):
                 continue
             for sentence in nlp.split_sentences(nlp.strip_markdown(block)):
@@ -79,9 +83,11 @@ class OfflineEngine:
         units = []
         for sentence in sentences:
             text = sentence
+            spans = nlp.find_entities(text)
             if title_key and title_key not in normalize_name(sentence) and title_key not in sentence.casefold():
                 text = f"{title}: {sentence}"
-            spans = nlp.find_entities(text)
+                shift = len(title) + 2
+                spans = [(0, len(title), title)] + [(a + shift, b + shift, name) for a, b, name in spans]
             entities = tuple(dict.fromkeys(s[2] for s in spans if normalize_name(s[2])))
             relations = []
             for left, right in zip(spans, spans[1:], strict=False):

@@ -9,6 +9,7 @@ grow with the number of names.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import defaultdict
 
 import numpy as np
@@ -21,7 +22,9 @@ MAX_NAME_WORDS = 12
 
 
 def name_words(name: str) -> tuple[str, ...]:
-    return tuple(_WORDS.findall(normalize_name(name)))
+    """Normalised words with diacritics folded, so "Aschenbrodel" finds "Aschenbrödel"."""
+    folded = unicodedata.normalize("NFKD", normalize_name(name))
+    return tuple(_WORDS.findall("".join(c for c in folded if not unicodedata.combining(c))))
 
 
 class NameIndex:
