@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -38,20 +40,39 @@ def make_engine(config: Config, ws: Workspace, embedder: Embedder) -> Engine:
     return OfflineEngine(embedder)
 
 
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.ENOENT,
+                errno.ENOTDIR, errno.EISDIR}
+
+
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
     reporter: Reporter | None = None, stop_after: str | None = None,
 ) -> IndexResult:
+    """Index (or update) WORKSPACE from every .txt/.md file under input_folder.
+
+    Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
+    other embedding model, cannot be written); nothing is created before the input is checked.
+    """
+    from .index.chunk import check_input_folder
+
     ws = Workspace(Path(workspace))
     ws.check_usable()
+    check_input_folder(Path(input_folder))
+    config = config or workspace_config(ws, config_path)
     with ws.lock():
-        config = config or workspace_config(ws, config_path)
-        embedder = Embedder(config.embedding, ws.cache)
-        engine = make_engine(config, ws, embedder)
-        if config.llm.engine != "offline":
-            engine.check_connection()
         try:
+            embedder = Embedder(config.embedding, ws.cache)
+            engine = make_engine(config, ws, embedder)
+            if config.llm.engine != "offline":
+                engine.check_connection()
             return run_pipeline(ws, Path(input_folder), config, engine, embedder, reporter, stop_after)
+        except OSError as err:
+            if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
+                raise
+            where = f" ({err.filename})" if err.filename else ""
+            raise WorkspaceError(f"cannot write workspace {ws.root}: {err.strerror or err}{where}") from err
+        except sqlite3.DatabaseError as err:
+            raise WorkspaceError(f"workspace cache {ws.root / 'cache.sqlite'} is unusable: {err}") from err
         finally:
             ws.close()
 
@@ -96,26 +117,78 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
     return read_jsonl(Path(path))
 
 
+def engine_name(config: Config) -> str:
+    """The name an engine for this config will carry (it keys the decomposition cache)."""
+    if config.llm.engine == "litellm":
+        return f"litellm:{config.llm.model}"  # as LiteLLMEngine names itself
+    from .engines.offline import OfflineEngine
+
+    return OfflineEngine.name
+
+
+def _decomposed(ws: Workspace, config: Config, chunks: list[tuple[str, str]]) -> set[int]:
+    """Positions of the (title, text) chunks whose decomposition is already in the cache."""
+    if not chunks or not ws.path("cache.sqlite").is_file():
+        return set()
+    from .index.decompose import cache_key
+    from .index.pipeline import engine_settings
+
+    settings = engine_settings(config, engine_name(config))
+    keys = [cache_key(settings, title, text) for title, text in chunks]
+    found = ws.cache.get_many("decompose", keys)
+    return {i for i, key in enumerate(keys) if key in found}
+
+
 def _documents_status(ws: Workspace) -> list[dict]:
+    """Every document of the latest scan (and every one still in the graph) with its status:
+
+    - indexed: in the last complete build, with this content;
+    - pending: new, changed, renamed or removed since the last complete build; the next
+      `noderag index` finishes it (`chunks_done` of `chunks` are already decomposed);
+    - failed: a chunk's decomposition failed (reason given); the next run retries it;
+    - skipped: unreadable, empty, binary... (reason given).
+    """
+    from .index.pipeline import compare_documents, indexed_state
+
     documents = ws.read_table(ws.path("documents.parquet")).to_pylist()
+    indexed = indexed_state(ws)
+    changes = compare_documents(indexed, {r["path"]: r["content_hash"] for r in documents if r["status"] == "indexed"})
+    why = {p: "new" for p in changes["new"]} | {p: "changed" for p in changes["changed"]}
+    why |= {pair.split(" -> ")[1]: f"renamed from {pair.split(' -> ')[0]}" for pair in changes["renamed"]}
     failed_chunks: dict[str, str] = {}
     failures_path = ws.stage_path("decompose", "failures.parquet")
     if failures_path.is_file():
         failures = ws.read_table(failures_path)
         failed_chunks = dict(zip(failures["item"].to_pylist(), failures["reason"].to_pylist(), strict=True))
-    if failed_chunks:
-        chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id", "doc_id"])
-        for chunk, doc in zip(chunks["chunk_id"].to_pylist(), chunks["doc_id"].to_pylist(), strict=True):
-            if chunk in failed_chunks:
-                for row in documents:
-                    if row["doc_id"] == doc:
-                        row["status"], row["reason"] = "failed", failed_chunks[chunk]
-    manifest = ws.read_manifest()
-    if manifest.get("stages", {}).get("similarity", {}).get("state") != "done":
-        for row in documents:
-            if row["status"] == "indexed":
-                row["status"] = "pending"
-    return documents
+    chunks_of: dict[str, list[tuple[str, str, str]]] = {}
+    chunks_path = ws.stage_path("chunk", "chunks.parquet")
+    if chunks_path.is_file():
+        chunks = ws.read_table(chunks_path, ["chunk_id", "doc_id", "title", "text"])
+        for row in zip(*(chunks[c].to_pylist() for c in ("chunk_id", "doc_id", "title", "text")), strict=True):
+            chunks_of.setdefault(row[1], []).append((row[0], row[2], row[3]))
+    pending = [r for r in documents if r["status"] == "indexed" and r["path"] in why]
+    if pending:
+        config = workspace_config(ws)
+        flat = [(r["doc_id"], title, text) for r in pending for _, title, text in chunks_of.get(r["doc_id"], [])]
+        done = _decomposed(ws, config, [(title, text) for _, title, text in flat])
+        done_by_doc: dict[str, int] = {}
+        for position, (doc, _, _) in enumerate(flat):
+            done_by_doc[doc] = done_by_doc.get(doc, 0) + (position in done)
+    for row in documents:
+        row["chunks_done"] = row["chunks"] if row["status"] == "indexed" else 0
+        if row["status"] != "indexed":
+            continue
+        failed = [failed_chunks[c] for c, _, _ in chunks_of.get(row["doc_id"], []) if c in failed_chunks]
+        if failed:
+            row["status"], row["reason"] = "failed", f"{len(failed)} chunk(s) failed: {failed[0]}"
+        elif row["path"] in why:
+            row["status"], row["reason"] = "pending", why[row["path"]]
+            row["chunks_done"] = done_by_doc.get(row["doc_id"], 0)
+    for path in changes["deleted"]:
+        documents.append({"doc_id": "", "path": path, "title": "", "content_hash": indexed[path], "bytes": 0,
+                          "status": "pending", "reason": "removed from the input; still in the graph until the next run",
+                          "chunks": 0, "chunks_done": 0})
+    return sorted(documents, key=lambda r: r["path"])
 
 
 def stats(workspace: str | Path) -> dict:
@@ -124,7 +197,9 @@ def stats(workspace: str | Path) -> dict:
     if not ws.exists():
         raise WorkspaceError(f"{ws.root} is not a noderag workspace (no manifest.json)")
     manifest = ws.read_manifest()
-    report: dict = {"workspace": str(ws.root), "stages": manifest.get("stages", {}),
+    recorded = manifest.get("stages", {})
+    ordered = {stage: recorded[stage] for stage in STAGES if stage in recorded}
+    report: dict = {"workspace": str(ws.root), "input": manifest.get("input"), "stages": ordered,
                     "nodes": {t: 0 for t in NODE_TYPES},
                     "edges": {"by_kind": {}, "non_hnsw": 0, "hnsw": 0, "merged_total": 0},
                     "vectors": {"count": 0, "dim": manifest.get("embedding", {}).get("dim"),
@@ -146,7 +221,7 @@ def stats(workspace: str | Path) -> dict:
     for row in documents:
         by_status[row["status"]] = by_status.get(row["status"], 0) + 1
     report["documents"] = {"by_status": by_status, "list": [
-        {k: row[k] for k in ("path", "status", "chunks", "reason", "title")} for row in documents]}
+        {k: row[k] for k in ("path", "status", "reason", "chunks", "chunks_done", "title")} for row in documents]}
     llm_totals: dict[str, float] = {}
     for info in report["stages"].values():
         for key, value in (info.get("llm") or {}).items():
@@ -158,39 +233,56 @@ def stats(workspace: str | Path) -> dict:
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None) -> dict:
-    """What `index` would do, without changing anything: document changes, stages to run, LLM estimate."""
-    from .index.chunk import scan
+    """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
+    unchanged since the last complete build; chunks still to decompose; each stage's fate; and with
+    an LLM engine, the estimated calls, tokens and cost."""
+    from .index.chunk import document_chunks, scan
+    from .index.pipeline import compare_documents, indexed_state, settings_digest
 
     ws = Workspace(Path(workspace))
     ws.check_usable()
     config = workspace_config(ws, config_path) if ws.root.is_dir() else load_config(config_path)
     files = scan(Path(input_folder), config.chunk.extensions, config.chunk.max_file_bytes)
-    before = {}
-    if ws.path("documents.parquet").is_file():
-        before = {row["path"]: row["content_hash"] for row in ws.read_table(ws.path("documents.parquet")).to_pylist()}
-    now = {f.path: f.content_hash for f in files}
-    deleted_hashes = {h for p, h in before.items() if p not in now}
-    counts = {"new": 0, "changed": 0, "deleted": 0, "renamed": 0, "unchanged": 0,
-              "skipped": sum(1 for f in files if f.reason)}
-    for path, digest in now.items():
-        if path not in before:
-            counts["renamed" if digest in deleted_hashes else "new"] += 1
-        elif before[path] != digest:
-            counts["changed"] += 1
-        else:
-            counts["unchanged"] += 1
-    counts["deleted"] = sum(1 for p in before if p not in now) - counts["renamed"]
+    readable = [f for f in files if not f.reason]
+    changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
+    counts = {k: len(v) for k, v in changes.items()} | {"skipped": len(files) - len(readable)}
+    touched = set(changes["new"]) | set(changes["changed"]) | {p.split(" -> ")[1] for p in changes["renamed"]}
+    fresh = [f for f in readable if f.path in touched]
+    cache = ws.cache if ws.path("cache.sqlite").is_file() else None
+    pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens, cache, store=False)
+    new_chunks = [(title, text) for title, chunks in pieces for text, _ in chunks]
+    to_decompose = len(new_chunks) - len(_decomposed(ws, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
-    dirty = any(counts[k] for k in ("new", "changed", "deleted", "renamed"))
-    stages = {}
+    name = engine_name(config)
+    stages: dict[str, str] = {}
+    upstream_runs = False
     for stage in STAGES:
-        state = manifest["stages"].get(stage, {}).get("state")
-        stages[stage] = "would run" if state != "done" else ("would update (cached work reused)" if dirty else "unchanged")
-    result = {"workspace": str(ws.root), "documents": counts, "stages": stages}
+        entry = manifest["stages"].get(stage, {})
+        if entry.get("state") != "done":
+            action = "run (interrupted before)" if entry.get("state") == "running" else "run"
+        elif entry.get("settings") != settings_digest(config, name, stage):
+            action = "re-run: its settings changed"
+        elif entry.get("failures"):
+            action = f"re-run: retry {entry['failures']} failed item(s)"
+        elif stage == "chunk" and (counts["new"] or counts["changed"] or counts["renamed"] or counts["deleted"]):
+            action = "re-run: documents changed"
+        elif upstream_runs:
+            action = "re-run if its inputs changed (cached work reused)"
+        else:
+            action = "skip (unchanged)"
+        upstream_runs = upstream_runs or not action.startswith("skip")
+        stages[stage] = action
+    result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
+              "changes": {k: v for k, v in changes.items() if k != "unchanged"},
+              "skipped": [{"path": f.path, "reason": f.reason} for f in files if f.reason],
+              "chunks": {"in_changed_documents": len(new_chunks), "to_decompose": to_decompose},
+              "stages": stages}
     if config.llm.engine != "offline":
         from .estimate import estimate_llm
 
         result["llm"] = estimate_llm(ws, Path(input_folder), config)
+    if cache is not None:
+        ws.close()
     return result
 
 

@@ -3,7 +3,20 @@
 Exit codes: 0 success, 1 the run finished with failed items, 2 bad input or usage
 (missing folder, invalid config, bad question file...), 3 the workspace cannot be
 used (locked, not indexed, other embedding model), 4 the LLM engine is unreachable or
-misconfigured, 130 interrupted.
+misconfigured, 130 interrupted. Every error is one line on stderr, never a traceback.
+
+`index` in detail:
+- 0 also when some files were skipped: binary (NUL bytes), not UTF-8, empty, a line over
+  1,000,000 characters, larger than chunk.max_file_bytes, not a regular file, unreadable
+  (permissions, broken or looping symlink), a file name that is not UTF-8. Each skipped file
+  gets a one-line warning, is counted in the summary and listed by `stats --documents`.
+- 2 when the input folder is missing, not a folder or unreadable, or holds no readable
+  .txt/.md file at all (nothing in the workspace is changed); also for an invalid config.
+- 3 when the workspace path is a file, the workspace is locked by a running `index`, holds
+  vectors of another embedding model, has a corrupt manifest, or cannot be written (disk
+  full, read-only). Stages already committed stay committed; run again to resume.
+- 137 (killed) or 130 (Ctrl-C) leave the workspace resumable: `noderag index` again
+  continues from the last committed stage and yields the same tables as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -116,7 +129,8 @@ def index(
                   TimeElapsedColumn(), console=console, disable=as_json) as progress:
         result = _run(lambda: api.index(workspace, input, config_path=config, reporter=RichReporter(progress)))
     summary = {"workspace": str(workspace), "seconds": round(result.seconds, 3), "nodes": result.node_counts,
-               "edges": result.edge_count, "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
+               "edges": result.edge_count, "documents": result.documents,
+               "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
                "failures": result.failures,
                "stages": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                           for k, v in result.stages.items()}}
@@ -131,9 +145,12 @@ def index(
             detail = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("skipped", "seconds"))
             table.add_row(stage, "skipped" if info["skipped"] else f"{info['seconds']:.2f}", detail or "unchanged")
         out.print(table)
+        docs = result.documents
+        out.print("documents: " + ", ".join(f"{docs.get(k, 0)} {k}" for k in ("new", "changed", "renamed", "deleted", "unchanged"))
+                  + f", {len(result.skipped_files)} skipped")
         out.print("nodes: " + "  ".join(f"{t} {n}" for t, n in result.node_counts.items()) + f"   edges: {result.edge_count}")
         if result.skipped_files:
-            console.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
+            out.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
     if result.failures:
         console.print(f"[yellow]{result.failures} item(s) failed[/]; `noderag index` again retries only those")
         raise typer.Exit(EXIT_FAILED_ITEMS)
@@ -141,8 +158,19 @@ def index(
 
 def _print_plan(plan: dict) -> None:
     docs = plan["documents"]
-    out.print(f"documents: {docs['new']} new, {docs['changed']} changed, {docs['deleted']} deleted, "
-              f"{docs['renamed']} renamed, {docs['unchanged']} unchanged, {docs['skipped']} unreadable")
+    out.print(f"documents: {docs['new']} new, {docs['changed']} changed, {docs['renamed']} renamed, "
+              f"{docs['deleted']} deleted, {docs['unchanged']} unchanged (skipped), {docs['skipped']} unreadable")
+    for kind in ("new", "changed", "renamed", "deleted"):
+        paths = plan["changes"][kind]
+        if paths:
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            out.print(f"  {kind}: {shown}")
+    for item in plan["skipped"][:10]:
+        out.print(f"  unreadable: {item['path']}: {item['reason']}", markup=False)
+    chunks = plan["chunks"]
+    out.print(f"chunks of new or changed documents: {chunks['in_changed_documents']}, "
+              f"{chunks['to_decompose']} not decomposed yet")
+    out.print("stages:")
     for stage, state in plan["stages"].items():
         out.print(f"  {stage:<12} {state}")
     if plan.get("llm"):
@@ -236,13 +264,15 @@ def stats(
     out.print(f"vectors: {report['vectors']['count']} of dimension {report['vectors']['dim']} "
               f"({report['vectors']['model']})")
     stages = Table(title="stages")
-    for column in ("stage", "state", "seconds", "LLM calls", "cache hits", "failures", "in tokens", "out tokens", "cost $"):
+    for column in ("stage", "state", "seconds", "LLM calls", "cache hits", "failures", "in tokens", "out tokens", "cost $",
+                   "new vectors"):
         stages.add_column(column)
     for stage, info in report["stages"].items():
         llm = info.get("llm") or {}
         stages.add_row(stage, info.get("state", "-"), str(info.get("seconds", "-")), str(llm.get("calls", 0)),
                        str(llm.get("cache_hits", 0)), str(info.get("failures", llm.get("failures", 0))),
-                       str(llm.get("input_tokens", 0)), str(llm.get("output_tokens", 0)), f"{llm.get('cost_usd', 0):.4f}")
+                       str(llm.get("input_tokens", 0)), str(llm.get("output_tokens", 0)), f"{llm.get('cost_usd', 0):.4f}",
+                       str(info.get("vectors_computed", "-")))
     out.print(stages)
     docs = report["documents"]
     out.print("documents: " + ", ".join(f"{n} {s}" for s, n in docs["by_status"].items()))
@@ -251,7 +281,10 @@ def stats(
         for column in ("path", "status", "chunks", "reason"):
             listing.add_column(column)
         for row in docs["list"]:
-            listing.add_row(row["path"], row["status"], str(row["chunks"]), row["reason"])
+            chunks = str(row["chunks"])
+            if row["status"] == "pending":
+                chunks = f"{row['chunks_done']}/{row['chunks']} decomposed" if row["chunks"] else "-"
+            listing.add_row(row["path"], row["status"], chunks, row["reason"])
         out.print(listing)
     files = Table(title="files")
     files.add_column("file")

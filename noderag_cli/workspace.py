@@ -172,12 +172,20 @@ class Workspace:
     def lock(self) -> Iterator[None]:
         """Exclusive for one indexing run. flock dies with its process, so a crash never leaves it stuck."""
         self.create()
-        handle = open(self.root / ".lock", "a+")
+        try:
+            handle = open(self.root / ".lock", "a+")
+        except OSError as err:
+            raise WorkspaceError(f"cannot lock workspace {self.root}: {err.strerror}") from err
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as err:
+            handle.seek(0)
+            holder = handle.read().strip()
             handle.close()
-            raise WorkspaceError(f"workspace {self.root} is being indexed by another run; wait for it to finish") from err
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise WorkspaceError(
+                f"workspace {self.root} is being indexed by another run{who}; wait for it to finish"
+            ) from err
         try:
             handle.seek(0)
             handle.truncate()

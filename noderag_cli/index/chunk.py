@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,17 @@ class ScannedFile:
     reason: str = ""
 
 
+MAX_LINE_CHARS = 1_000_000
+"""A file with a longer line is skipped: that is a data dump or minified file, not prose, and
+chunking and decomposing it as text would take minutes and fill the graph with noise."""
+
+
 def _read_text(path: Path, max_bytes: int) -> tuple[str | None, bytes, str]:
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        size = info.st_size
+        if not stat.S_ISREG(info.st_mode):
+            return None, b"", "not a regular file"
         if size > max_bytes:
             return None, b"", f"larger than chunk.max_file_bytes ({size} > {max_bytes} bytes)"
         data = path.read_bytes()
@@ -76,12 +85,15 @@ def _read_text(path: Path, max_bytes: int) -> tuple[str | None, bytes, str]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         return None, data, f"not valid UTF-8 (byte {err.start})"
+    if len(text) > MAX_LINE_CHARS:
+        longest = max(len(line) for line in text.splitlines())
+        if longest > MAX_LINE_CHARS:
+            return None, data, f"a line of {longest:,} characters (over {MAX_LINE_CHARS:,}): not prose; add line breaks to index it"
     return text, data, ""
 
 
-def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFile]:
-    """Every matching file under folder, recursively, in path order. Follows directory
-    symlinks once each, so a symlink loop is walked only once."""
+def check_input_folder(folder: Path) -> None:
+    """InputError unless folder is an existing, readable directory."""
     folder = Path(folder)
     if not folder.exists():
         raise InputError(f"input folder not found: {folder}")
@@ -89,21 +101,50 @@ def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFil
         raise InputError(f"input is not a folder: {folder}")
     if not os.access(folder, os.R_OK | os.X_OK):
         raise InputError(f"input folder is not readable: {folder}")
+    try:
+        with os.scandir(folder) as entries:
+            next(entries, None)
+    except OSError as err:
+        raise InputError(f"input folder is not readable: {folder} ({err.strerror})") from err
+
+
+def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFile]:
+    """Every matching file under folder, recursively, in path order.
+
+    Hidden files and folders (".name") are left out. Directory symlinks are followed, each
+    real folder once, so a symlink loop is walked only once. What cannot be read (a file or
+    a sub-folder: permissions, broken or looping symlinks, binary or non-UTF-8 content, a
+    name that is not UTF-8) comes back with a `reason` and no text, to be skipped and counted.
+    """
+    folder = Path(folder)
+    check_input_folder(folder)
     suffixes = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions}
     seen_dirs: set[str] = set()
     found: list[ScannedFile] = []
-    for root, dirs, files in os.walk(folder, followlinks=True, onerror=lambda err: None):
+
+    def unreadable_folder(err: OSError) -> None:
+        where = Path(err.filename) if err.filename else folder
+        relative = where.relative_to(folder).as_posix() if where != folder else "."
+        found.append(ScannedFile(relative + "/", where, None, "", 0, f"folder not readable: {err.strerror or err}"))
+
+    for root, dirs, files in os.walk(folder, followlinks=True, onerror=unreadable_folder):
         real = os.path.realpath(root)
         if real in seen_dirs:
             dirs[:] = []
             continue
         seen_dirs.add(real)
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             absolute = Path(root) / name
             if absolute.suffix.lower() not in suffixes or name.startswith("."):
                 continue
             relative = absolute.relative_to(folder).as_posix()
+            try:
+                relative.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = relative.encode("utf-8", "replace").decode("utf-8")
+                found.append(ScannedFile(shown, absolute, None, "", 0, "file name is not valid UTF-8"))
+                continue
             text, data, reason = _read_text(absolute, max_bytes)
             digest = hashlib.blake2b(data, digest_size=16).hexdigest()
             found.append(ScannedFile(relative, absolute, text, digest, len(data), reason))
@@ -179,9 +220,11 @@ def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> 
 
 
 def document_chunks(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
+    store: bool = True,
 ) -> list[tuple[str, list[tuple[str, int]]]]:
-    """(title, [(chunk text, tokens)]) per file; cached by content so unchanged documents cost a lookup."""
+    """(title, [(chunk text, tokens)]) per file; cached by content so unchanged documents cost a
+    lookup. With store=False the cache is only read (a dry run writes nothing)."""
     keys = [chunk_cache_key(f, max_tokens, overlap_tokens) if f.text is not None else "" for f in files]
     found = cache.get_many("chunks", [k for k in keys if k]) if cache is not None else {}
     out: list[tuple[str, list[tuple[str, int]]]] = []
@@ -198,10 +241,10 @@ def document_chunks(
         entry = (document_title(file.text, file.path), list(zip(pieces, nlp.count_tokens(pieces), strict=True)))
         out.append(entry)
         fresh.append((key, json.dumps(entry).encode()))
-        if cache is not None and len(fresh) >= 256:
+        if cache is not None and store and len(fresh) >= 256:
             cache.put_many("chunks", fresh)
             fresh = []
-    if cache is not None:
+    if cache is not None and store:
         cache.put_many("chunks", fresh)
     return out
 

@@ -20,20 +20,26 @@ from ..workspace import Cache, json_digest
 BATCH = 64
 
 
-def _cache_key(engine: Engine, chunk: ChunkInput) -> str:
-    return json_digest([engine.name, chunk.title, chunk.text])
+def cache_key(engine_settings: dict, title: str, text: str) -> str:
+    return json_digest([engine_settings, title, text])
 
 
 def decompose_chunks(
-    chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None
+    chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
+    engine_settings: dict | None = None,
 ) -> tuple[dict[str, list[Unit]], dict[str, str]]:
-    """Units per chunk id, from the cache where possible; and failure reasons per chunk id."""
+    """Units per chunk id, from the cache where possible; and failure reasons per chunk id.
+
+    The cache key is the engine's settings (name, model, sampling) with the chunk's title and
+    text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
+    it has not decomposed yet."""
+    engine_settings = engine_settings or {"name": engine.name}
     inputs = [
         ChunkInput(chunk_id=c, text=t, title=title)
         for c, t, title in zip(chunks["chunk_id"].to_pylist(), chunks["text"].to_pylist(), chunks["title"].to_pylist(), strict=True)
     ]
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
-    keys = [_cache_key(engine, c) for c in inputs]
+    keys = [cache_key(engine_settings, c.title, c.text) for c in inputs]
     cached = cache.get_many("decompose", keys)
     units: dict[str, list[Unit]] = {}
     failures: dict[str, str] = {}

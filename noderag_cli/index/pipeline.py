@@ -1,15 +1,26 @@
 """Runs the indexing stages in order, each checkpointed in the manifest.
 
 A stage is skipped when its fingerprint (its settings, the engine, and the digests of
-the upstream outputs it reads) matches the last committed run and its outputs are on
-disk; otherwise it runs, commits its outputs atomically, and only then is marked done.
-Since every stage is a pure function of its inputs (caches only save work), an
-interrupted, resumed or incremental run yields the same tables as a fresh one.
+the upstream outputs it reads) matches the last committed run, its outputs are on disk
+with the digest recorded, and it left no failed items; otherwise it runs, commits its
+outputs atomically, and only then is marked done. Since every stage is a pure function
+of its inputs (caches only save work: chunking, decompositions, token counts and vectors
+are looked up by content), an interrupted, resumed or incremental run yields the same
+tables as a fresh build of the same folder. Graph-wide steps (betweenness, Leiden,
+K-means, HNSW) always run on the whole updated graph.
+
+Test hook (documented here because it is not a feature): when the environment variable
+`NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>` or `<stage>:commit`, the run
+SIGKILLs itself when that stage starts, after it reported n finished items, or after it
+wrote its outputs but before the manifest records it done. Tests use it to crash a real
+`noderag index` process at a chosen point.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +28,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .. import nlp
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
-from ..graph import EDGE_SCHEMA, NODE_COLUMNS, NODE_SCHEMA, merge_edges
-from ..workspace import Workspace, WorkspaceError, file_digest, json_digest, write_parquet
+from ..graph import EDGE_SCHEMA, NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
+from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, json_digest, write_parquet
 from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 
 # config sections (plus "engine") each stage's output depends on
 STAGE_SETTINGS = {
@@ -49,6 +61,7 @@ UPSTREAM = {
     "similarity": ["chunk", "decompose", "attributes", "communities", "text", "embed"],
 }
 ENGINE_TASK = {"decompose": "decompose", "attributes": "attribute", "communities": "community"}
+KILL_ENV = "NODERAG_TEST_KILL_AT"
 
 
 class Reporter:
@@ -71,6 +84,7 @@ class IndexResult:
     skipped_files: list[tuple[str, str]] = field(default_factory=list)
     failures: int = 0
     seconds: float = 0.0
+    documents: dict[str, int] = field(default_factory=dict)  # new/changed/renamed/deleted/unchanged vs. last build
 
 
 def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
@@ -84,7 +98,13 @@ def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
         return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet")]
     if stage == "embed":
         return [ws.stage_path(stage, n) for n in ("ids.parquet", "vectors.npy")]
-    return [ws.path("nodes.parquet"), ws.path("edges.parquet"), ws.path("vectors.faiss")]
+    return [ws.path("nodes.parquet"), ws.path("edges.parquet"), ws.path("vectors.faiss"),
+            ws.stage_path("similarity", "documents.parquet")]
+
+
+def indexed_documents_path(ws: Workspace) -> Path:
+    """The documents table of the last complete build: what nodes.parquet was built from."""
+    return ws.stage_path("similarity", "documents.parquet")
 
 
 def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
@@ -96,18 +116,25 @@ def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
 def _write_npy(path: Path, array: np.ndarray) -> None:
     import io
 
-    from ..workspace import atomic_write_bytes
-
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def engine_settings(config: Config, engine_name: str) -> dict:
+    """What decides an engine's output: its name (offline version or litellm model) and sampling settings."""
+    return {"name": engine_name, **config.engine_signature()}
+
+
 def _settings(config: Config, engine_name: str, stage: str) -> dict:
     sections = {}
     for name in STAGE_SETTINGS[stage]:
-        sections[name] = engine_name if name == "engine" else getattr(config, name).model_dump(mode="json")
+        sections[name] = engine_settings(config, engine_name) if name == "engine" else getattr(config, name).model_dump(mode="json")
     return sections
+
+
+def settings_digest(config: Config, engine_name: str, stage: str) -> str:
+    return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_name, stage)})
 
 
 def check_embedding_model(ws: Workspace, embedder: Embedder) -> None:
@@ -120,6 +147,72 @@ def check_embedding_model(ws: Workspace, embedder: Embedder) -> None:
         )
 
 
+def _kill_point(stage: str, point: str) -> None:
+    """The test hook described in the module docstring."""
+    if os.environ.get(KILL_ENV) == f"{stage}:{point}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _StageProgress(Reporter):
+    """Forwards to the run's reporter and counts finished items for the kill hook."""
+
+    def __init__(self, reporter: Reporter, stage: str):
+        self.reporter, self.stage, self.done = reporter, stage, 0
+        wanted = os.environ.get(KILL_ENV, "")
+        name, _, point = wanted.partition(":")
+        self.kill_after = int(point) if name == stage and point.isdigit() else None
+
+    def stage_started(self, stage: str, total: int | None) -> None:
+        self.reporter.stage_started(stage, total)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self.reporter.advance(n)
+        if self.kill_after is not None and self.done >= self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def warn(self, message: str) -> None:
+        self.reporter.warn(message)
+
+
+def _outputs_intact(ws: Workspace, stage: str, entry: dict) -> bool:
+    paths = stage_outputs(ws, stage)
+    if not all(p.is_file() for p in paths):
+        return False
+    return json_digest([file_digest(p) for p in paths]) == entry.get("outputs")
+
+
+def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, list[str]]:
+    """Paths by change between two {path: content hash} maps; a rename is a path that vanished
+    while a new path appeared with the same content (matched one to one, in path order)."""
+    gone = sorted(p for p in before if p not in now)
+    added = sorted(p for p in now if p not in before)
+    gone_by_hash: dict[str, list[str]] = {}
+    for path in gone:
+        gone_by_hash.setdefault(before[path], []).append(path)
+    renamed, new = [], []
+    for path in added:
+        candidates = gone_by_hash.get(now[path])
+        if candidates:
+            renamed.append(f"{candidates.pop(0)} -> {path}")
+        else:
+            new.append(path)
+    deleted = sorted(p for paths in gone_by_hash.values() for p in paths)
+    changed = sorted(p for p in now if p in before and before[p] != now[p])
+    unchanged = sorted(p for p in now if p in before and before[p] == now[p])
+    return {"new": new, "changed": changed, "renamed": renamed, "deleted": deleted, "unchanged": unchanged}
+
+
+def indexed_state(ws: Workspace) -> dict[str, str]:
+    """{path: content hash} of the documents in the last complete build (empty when none)."""
+    path = indexed_documents_path(ws)
+    if not path.is_file():
+        return {}
+    table = pq.read_table(path, columns=["path", "content_hash", "status"])
+    return {p: h for p, h, s in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
+                                    table["status"].to_pylist(), strict=True) if s == "indexed"}
+
+
 def run_pipeline(
     ws: Workspace, input_folder: Path, config: Config, engine: Engine, embedder: Embedder,
     reporter: Reporter | None = None, stop_after: str | None = None,
@@ -130,30 +223,37 @@ def run_pipeline(
     started = time.perf_counter()
     check_embedding_model(ws, embedder)
     files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes)
+    readable = [f for f in files if not f.reason]
+    if not readable:
+        detail = f" ({len(files)} skipped as unreadable)" if files else ""
+        raise chunk.InputError(
+            f"no readable {'/'.join(config.chunk.extensions)} files under {input_folder}{detail}; nothing was changed"
+        )
     result = IndexResult(skipped_files=[(f.path, f.reason) for f in files if f.reason])
     for path, reason in result.skipped_files:
         reporter.warn(f"skipped {path}: {reason}")
         log.warning("skipped %s: %s", path, reason)
+    changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
+    result.documents = {k: len(v) for k, v in changes.items()}
     scan_digest = json_digest([(f.path, f.content_hash) for f in files])
+    log.info("run started: input %s, %s", Path(input_folder).resolve(), result.documents)
 
     manifest = ws.read_manifest()
     manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim}
     manifest["input"] = str(Path(input_folder).resolve())
     ws.write_manifest(manifest)
-    from ..workspace import atomic_write_bytes
-
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
 
     outputs_digest: dict[str, str] = {}
     for stage in STAGES:
+        settings = settings_digest(config, engine.name, stage)
         fingerprint = json_digest(
-            {"stage": stage, "version": STAGE_VERSION, "settings": _settings(config, engine.name, stage),
-             "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
+            {"stage": stage, "settings": settings, "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
              "scan": scan_digest if stage == "chunk" else None}
         )
         entry = manifest["stages"].get(stage, {})
-        paths = stage_outputs(ws, stage)
-        if entry.get("state") == "done" and entry.get("fingerprint") == fingerprint and all(p.is_file() for p in paths):
+        if (entry.get("state") == "done" and entry.get("fingerprint") == fingerprint and not entry.get("failures")
+                and _outputs_intact(ws, stage, entry)):
             outputs_digest[stage] = entry["outputs"]
             reporter.stage_finished(stage, 0.0, skipped=True)
             result.stages[stage] = {"skipped": True, "seconds": entry.get("seconds", 0.0)}
@@ -161,18 +261,22 @@ def run_pipeline(
             if stage == stop_after:
                 break
             continue
-        manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint}
+        manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint, "settings": settings}
         ws.write_manifest(manifest)
         log.info("stage %s started", stage)
+        _kill_point(stage, "start")
         before = _snapshot(engine.stats)
+        vectors_before = ws.cache.count("embedding")
         t0 = time.perf_counter()
-        info = _run_stage(stage, ws, files, config, engine, embedder, reporter)
+        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage))
         seconds = time.perf_counter() - t0
-        digest = json_digest([file_digest(p) for p in paths])
+        digest = json_digest([file_digest(p) for p in stage_outputs(ws, stage)])
         outputs_digest[stage] = digest
+        _kill_point(stage, "commit")
         llm = _delta(before, engine.stats, ENGINE_TASK.get(stage))
-        manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "outputs": digest,
-                                     "seconds": round(seconds, 3), "llm": llm, **info}
+        manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "settings": settings,
+                                     "outputs": digest, "seconds": round(seconds, 3), "llm": llm,
+                                     "vectors_computed": ws.cache.count("embedding") - vectors_before, **info}
         ws.write_manifest(manifest)
         reporter.stage_finished(stage, seconds, skipped=False)
         result.stages[stage] = {"skipped": False, "seconds": seconds, **info}
@@ -183,8 +287,9 @@ def run_pipeline(
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
     if ws.path("nodes.parquet").is_file() and manifest["stages"].get("similarity", {}).get("state") == "done":
         types = ws.read_table(ws.path("nodes.parquet"), ["type"])["type"].to_pylist()
-        result.node_counts = {t: types.count(t) for t in "TSNRAHO"}
-        result.edge_count = pa.parquet.ParquetFile(ws.path("edges.parquet")).metadata.num_rows
+        result.node_counts = {t: types.count(t) for t in NODE_TYPES}
+        result.edge_count = pq.ParquetFile(ws.path("edges.parquet")).metadata.num_rows
+    log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
     return result
 
 
@@ -236,7 +341,9 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
     if stage == "decompose":
         chunks = _read(ws, "chunk", "chunks.parquet")
         reporter.stage_started(stage, chunks.num_rows)
-        units, failures = decompose.decompose_chunks(chunks, engine, ws.cache, reporter.advance)
+        units, failures = decompose.decompose_chunks(
+            chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name)
+        )
         nodes, edges = decompose.build_graph(units, counter)
         embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist())
         _commit(ws, stage, nodes, edges, failures)
@@ -330,9 +437,8 @@ def _assemble(ws: Workspace, config: Config) -> dict:
 
     write_parquet(ws.path("nodes.parquet"), final)
     write_parquet(ws.path("edges.parquet"), edges)
-    from ..workspace import atomic_write_bytes
-
     atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())
+    write_parquet(indexed_documents_path(ws), ws.read_table(ws.path("documents.parquet")))
     hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
     return {"nodes": final.num_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
             "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0)}
