@@ -294,6 +294,93 @@ def stats(
     out.print(files)
 
 
+class _AblateProgress:
+    """`evaluate.ablate.Progress` drawn with Rich: one bar for the run, named after the strategy running."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = None
+
+    def run_started(self, total: int) -> None:
+        self.task = self.progress.add_task("ablate", total=total)
+
+    def strategy_started(self, name: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=name)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def note(self, message: str) -> None:
+        self.progress.console.print(f"[cyan]note:[/] {message}", highlight=False)
+
+    def warn(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+@app.command()
+def ablate(
+    workspace: Annotated[Path | None, typer.Argument(
+        help="indexed workspace (with --questions); with --dataset it is built or reused here, "
+             "default OUT/<dataset>-workspace")] = None,
+    questions: Annotated[Path | None, typer.Option(
+        "--questions", help="JSONL, one {\"question\", \"answers\", \"supporting_documents\"} per line")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        "--dataset", help="musique or hotpotqa: read that format from --data, index its corpus (one document per "
+                          "passage) into the workspace, evaluate its questions")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="the dataset folder (corpus.json, questions.json)")] = None,
+    variants: Annotated[str | None, typer.Option(
+        "--variants", help="comma-separated strategies, default all: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, "
+                           "graph-vector, no-exact, no-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
+                           "lightrag-local, lightrag-global, lightrag-hybrid, graphrag-local, graphrag-global, hipporag")] = None,
+    budgets: Annotated[str, typer.Option("--budgets", help="comma-separated context token budgets")] = "1000,2000,4000",
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="folder for ablation.csv, ablation.json, ablation.png "
+                                                              "(and the dataset's corpus and workspace)")] = Path("ablate-out"),
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config for search and engine settings")] = None,
+    answer: Annotated[bool, typer.Option("--answer", help="also answer with the shared prompt and score with an LLM "
+                                                          "judge (needs an LLM engine)")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", help="only the first N questions")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON instead of a table")] = False,
+) -> None:
+    """Run NodeRAG, its ablations and the baselines on every question at every budget; write a table and a plot."""
+    from rich import box
+
+    from .evaluate import ablate as ablation
+
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, disable=as_json) as progress:
+            result = _run(lambda: ablation.run_from_args(
+                workspace, questions, dataset, data, variants, budgets, out_dir, config, answer, limit,
+                progress=_AblateProgress(progress), reporter=RichReporter(progress)))
+    except ablation.AblationInputError as err:
+        raise _fail(str(err), EXIT_INPUT) from None
+    if as_json:
+        out.print(json.dumps(result.as_dict(), indent=2), highlight=False)
+        return
+    judged = any(row["judge_accuracy"] is not None for row in result.rows)
+    table = Table(title=f"{result.dataset or result.workspace}: {result.questions} questions, "
+                        f"{len(result.rows)} rows in {result.seconds.get('run', 0):.1f}s", box=box.SIMPLE_HEAD,
+                  caption="baselines in italics; kinds, descriptions and notes in ablation.json")
+    columns = ["strategy", "budget", "contained", "recall", "tokens", "med ms", "p95 ms"]
+    for column in columns + (["judged ok"] if judged else []):
+        table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
+
+    def cell(value, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for row in result.rows:
+        cells = [row["strategy"], str(row["budget"]), cell(row["answer_containment"]), cell(row["support_recall"]),
+                 cell(row["mean_context_tokens"], 0), cell(row["latency_median_ms"], 1), cell(row["latency_p95_ms"], 1)]
+        table.add_row(*cells, *([cell(row["judge_accuracy"])] if judged else []),
+                      style="italic" if row["kind"] == "baseline" else None)
+    out.print(table)
+    for name, reason in result.skipped.items():
+        console.print(f"[yellow]skipped {name}:[/] {reason}", highlight=False)
+    out.print("wrote " + ", ".join(result.files.values()))
+
+
 def main() -> None:  # pragma: no cover
     app()
 
