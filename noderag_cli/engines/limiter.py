@@ -1,15 +1,18 @@
 """A sliding-window limiter on requests and tokens per window, for asyncio callers.
 
-`acquire(tokens)` waits until one more request (reserving `tokens`) fits in the last
-`window_seconds`: at most `max_requests` request starts and at most `max_tokens` tokens in any
-window of that length. A reservation can be corrected once the real usage is known (`settle`).
-`pause(seconds)` holds every caller back, e.g. after a 429 with Retry-After, so the whole run
-slows down instead of each worker hammering the server on its own schedule.
+`acquire(tokens)` waits until one more request (reserving `tokens`) fits: at most
+`max_requests` request arrivals and at most `max_tokens` tokens in any window of
+`window_seconds`, as the server will count them. `settle(reservation, tokens)` records the real
+token count and that the request is done. `pause(seconds)` holds every caller back, e.g. after
+a 429 with Retry-After, so the whole run slows down instead of each worker retrying on its own.
 
-The window the limiter enforces is a little longer than the nominal one (`safety_seconds`,
-default 2% of the window, at least 0.25 s and at most 1 s): a request is stamped here when it
-is released, but the server stamps it on arrival, and a delay that differs from one request to
-the next must not let the server count one request too many in its own window.
+Where a request falls in the server's window is its arrival there, which the limiter cannot
+see: somewhere between `acquire` returning and the reply (the first request of a process can
+spend a few hundred milliseconds in client setup before it leaves). So each request is placed
+at the latest time it can have arrived: the reply time once settled, but never more than
+`send_allowance` seconds after acquire (default 1 s; a request still in flight counts as sent
+at acquire + allowance). A request arriving later than that after acquire would be the only
+way to exceed the limit. `jitter_seconds` (default 20 ms) covers clock reading and scheduling.
 
 Waiters are served in arrival order (one asyncio.Lock), so no request starves.
 """
@@ -17,16 +20,18 @@ Waiters are served in arrival order (one asyncio.Lock), so no request starves.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 
 @dataclass
 class Reservation:
-    at: float
+    acquired: float
+    latest_arrival: float
     tokens: int
+    done: bool = False
 
 
 class SlidingWindowLimiter:
@@ -35,7 +40,8 @@ class SlidingWindowLimiter:
         max_requests: int | None = None,
         max_tokens: int | None = None,
         window_seconds: float = 60.0,
-        safety_seconds: float | None = None,
+        send_allowance: float = 1.0,
+        jitter_seconds: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
@@ -44,14 +50,15 @@ class SlidingWindowLimiter:
         self.max_requests = max_requests
         self.max_tokens = max_tokens
         self.window = float(window_seconds)
-        self.safety = min(1.0, max(0.25, 0.02 * self.window)) if safety_seconds is None else safety_seconds
+        self.send_allowance = float(send_allowance)
+        self.jitter = float(jitter_seconds)
         self._clock = clock
         self._sleep = sleep
-        self._entries: deque[Reservation] = deque()
+        self._entries: list[Reservation] = []
         self._paused_until = 0.0
         self._lock: asyncio.Lock | None = None
         self.waited_seconds = 0.0
-        """Total time callers spent waiting here (for the overhead benchmark)."""
+        """Total time callers spent waiting here."""
 
     @property
     def enabled(self) -> bool:
@@ -62,30 +69,34 @@ class SlidingWindowLimiter:
         self._paused_until = max(self._paused_until, self._clock() + max(0.0, seconds))
 
     def settle(self, reservation: Reservation, tokens: int) -> None:
-        """Replace a reservation's estimated tokens by the real count."""
+        """The request is done: its real token count, and its arrival bounded by now."""
         reservation.tokens = max(0, int(tokens))
+        if not reservation.done:
+            reservation.done = True
+            reservation.latest_arrival = min(reservation.latest_arrival, max(reservation.acquired, self._clock()))
 
-    def _expire(self, now: float) -> None:
-        horizon = now - self.window - self.safety
-        while self._entries and self._entries[0].at <= horizon:
-            self._entries.popleft()
+    def _expires(self, entry: Reservation) -> float:
+        return entry.latest_arrival + self.window + self.jitter
 
     def _wait_needed(self, now: float, tokens: int) -> float:
         if self._paused_until > now:
             return self._paused_until - now
-        span = self.window + self.safety
-        if self.max_requests is not None and len(self._entries) >= self.max_requests:
-            return self._entries[len(self._entries) - self.max_requests].at + span - now
-        if self.max_tokens is not None and self._entries:
-            used = sum(e.tokens for e in self._entries)
+        self._entries = [e for e in self._entries if self._expires(e) > now]
+        entries = self._entries
+        if self.max_requests is not None and len(entries) >= self.max_requests:
+            # the (n - max + 1) earliest-expiring requests must leave the window first
+            leaving = len(entries) - self.max_requests + 1
+            return heapq.nsmallest(leaving, (self._expires(e) for e in entries))[-1] - now
+        if self.max_tokens is not None and entries:
+            used = sum(e.tokens for e in entries)
             if used + tokens > self.max_tokens:
-                # wait until enough of the oldest reservations leave the window; a request larger
-                # than the whole budget goes alone into an empty window rather than never
-                for entry in self._entries:
+                # wait until enough reservations leave; a request larger than the whole budget
+                # goes alone into an empty window rather than never
+                for entry in sorted(entries, key=self._expires):
                     used -= entry.tokens
                     if used + tokens <= self.max_tokens:
-                        return entry.at + span - now
-                return self._entries[-1].at + span - now
+                        return self._expires(entry) - now
+                return max(self._expires(e) for e in entries) - now
         return 0.0
 
     async def acquire(self, tokens: int = 0) -> Reservation:
@@ -95,11 +106,11 @@ class SlidingWindowLimiter:
         async with self._lock:
             while True:
                 now = self._clock()
-                self._expire(now)
                 wait = self._wait_needed(now, tokens)
                 if wait <= 0:
-                    entry = Reservation(now, max(0, int(tokens)))
-                    self._entries.append(entry)
+                    entry = Reservation(now, now + self.send_allowance, max(0, int(tokens)))
+                    if self.enabled:
+                        self._entries.append(entry)
                     self.waited_seconds += now - started
                     return entry
                 await self._sleep(wait + 0.001)

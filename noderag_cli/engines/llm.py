@@ -8,6 +8,8 @@ What it does for every task item (see `prompts.py` for the prompts and reply sha
 - 429s wait (Retry-After honoured, else exponential backoff with jitter), pause the limiter for
   every worker, and draw on a separate, generous budget: they slow a run, they do not fail it;
   timeouts, connection errors and 5xx use the normal `llm.retries` budget with backoff;
+- asks for structured output (response_format json_schema) when `llm.structured_output`; a server
+  that refuses it gets weaker modes for the rest of the run (see `prompts.STRUCTURED_MODES`);
 - parses the reply tolerantly; a reply that does not validate is shown back to the model ONCE
   with the problem; if that fails too, the item is a `Failure(reason)`;
 - writes each success to the cache as it returns (under the key of the original request, so a
@@ -15,6 +17,11 @@ What it does for every task item (see `prompts.py` for the prompts and reply sha
 - accounts calls (requests sent), cache hits, failures (reasons counted by category),
   tokens (from each response's `usage`) and cost (litellm's price table; a model without a
   price costs 0 and sets `price_known = False`) per task in `stats`.
+
+`check_connection()` makes one tiny call (accounted under the task "check_connection") and
+raises `EngineError` for a missing key variable, an unroutable model or an unreachable server.
+`query_entities` returns [] and `answer` raises EngineError when the model gives nothing usable;
+`query_entities_batch` and `answer_batch` return `Failure`s like the indexing tasks.
 
 Authentication errors, an unknown model (404) or an unknown provider stop the whole batch with
 `EngineError` (one line): every other item would fail the same way. Successes written so far
@@ -38,8 +45,10 @@ import logging
 import os
 import queue
 import random
+import re
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +95,29 @@ def _one_line(text: Any, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+_CLASS_PREFIX = re.compile(r"\b(?:litellm\.)?[A-Za-z_]+(?:Error|Exception)\s*(?::|-)\s+")
+
+
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    for prefix in ("litellm.", "OpenAIException - ", "Error code: "):
-        text = text.replace(prefix, "")
+    """The gist of an error: its first line without the chain of class-name prefixes litellm adds."""
+    text = _CLASS_PREFIX.sub("", str(err).strip()).replace("Error code: ", "HTTP ")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return _one_line(lines[0] if lines else type(err).__name__, 200)
+
+
+def _root_cause(err: BaseException) -> str:
+    """What went wrong at the bottom of an exception chain, briefly (for connection failures)."""
+    root = err
+    for _ in range(8):
+        nxt = root.__cause__ or root.__context__
+        if nxt is None:
+            break
+        root = nxt
+    if isinstance(root, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(root, OSError) and root.strerror:
+        return root.strerror
+    return _first_line(root)
 
 
 # --------------------------------------------------------------------------- litellm import
@@ -107,7 +133,11 @@ def _litellm():
             if _LITELLM is None:
                 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
                 os.environ.setdefault("LITELLM_LOG", "CRITICAL")
-                import litellm
+                # its pydantic models warn about ReadOnly TypedDict items, at import and first use
+                warnings.filterwarnings("ignore", message=r"Items? '.*' on TypedDict class", category=UserWarning)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    import litellm
 
                 litellm.telemetry = False
                 litellm.suppress_debug_info = True
@@ -246,15 +276,34 @@ def _classify(err: BaseException) -> str:
     return "unexpected"
 
 
-def _transient_category(err: BaseException) -> str:
+def _is_timeout(err: BaseException) -> bool:
+    return isinstance(err, (_litellm().Timeout, asyncio.TimeoutError))
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    """No HTTP exchange happened: refused, unresolvable, reset. litellm sometimes wraps these in a
+    500-looking InternalServerError("Connection error."), so the cause chain is read too."""
     lt = _litellm()
-    if isinstance(err, (lt.Timeout, asyncio.TimeoutError)):
+    seen: BaseException | None = err
+    for _ in range(6):
+        if seen is None:
+            break
+        if isinstance(seen, (ConnectionError, lt.APIConnectionError)) and not _is_timeout(seen):
+            return True
+        if type(seen).__name__ in ("ConnectError", "ConnectTimeout", "gaierror"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "connection error" in str(err).lower()
+
+
+def _transient_category(err: BaseException) -> str:
+    if _is_timeout(err):
         return "timeout"
+    if _is_connection_error(err):
+        return "connection error"
     status = _status(err)
     if status is not None and status >= 500:
         return f"server error {status}"
-    if isinstance(err, (lt.APIConnectionError, ConnectionError, OSError)):
-        return "connection error"
     return "server error"
 
 
@@ -280,8 +329,7 @@ class _Policy:
 @dataclass
 class _Reply:
     text: str
-    input_tokens: int
-    output_tokens: int
+    cut_off: bool
 
 
 class LiteLLMEngine:
@@ -327,6 +375,12 @@ class LiteLLMEngine:
             return value
         return None
 
+    def _safe(self, text: str) -> str:
+        """`text` without the API key, should a provider echo it in an error."""
+        env = self.config.api_key_env
+        key = os.environ.get(env, "").strip() if env else ""
+        return text.replace(key, "***") if len(key) >= 4 else text
+
     def _route(self) -> str:
         if self._provider is None:
             self._provider = route_model(self.model, self.config.api_base)
@@ -351,7 +405,7 @@ class LiteLLMEngine:
         auth = self._request_auth()  # key and routing are checked before any network traffic
         where = self.config.api_base or f"the {self._route()} API"
         lt = _litellm()
-        timeout = min(self.config.timeout_seconds, 30.0)
+        timeout = min(self.config.timeout_seconds, 120.0)  # a local server may first load its model
 
         async def probe(_report):
             return await lt.acompletion(
@@ -366,7 +420,7 @@ class LiteLLMEngine:
             response = _LoopThread.get().run(probe)
         except Exception as err:
             kind = _classify(err)
-            detail = _first_line(err)
+            detail = self._safe(_first_line(err))
             if kind == "rate_limit":
                 return  # reachable and authorised, just busy: the run will wait as needed
             if kind == "fatal_auth":
@@ -374,10 +428,10 @@ class LiteLLMEngine:
                 raise EngineError(f"{where} rejected the API key from {source} for model {self.model}: {detail}") from None
             if kind == "fatal_model":
                 raise EngineError(f"model '{self.model}' is not served by {where}: {detail}") from None
-            if isinstance(err, (lt.Timeout, asyncio.TimeoutError)):
+            if _is_timeout(err):
                 raise EngineError(f"no reply from {where} within {timeout:g} s (model {self.model})") from None
-            if isinstance(err, lt.APIConnectionError):
-                raise EngineError(f"cannot reach the LLM server at {where}: {detail}") from None
+            if _is_connection_error(err):
+                raise EngineError(f"cannot reach the LLM server at {where}: {_root_cause(err)}") from None
             raise EngineError(f"test call to {self.model} at {where} failed: {detail}") from None
         self._account(stats, response)
 
@@ -485,19 +539,19 @@ class LiteLLMEngine:
         try:
             first = await self._complete(task, messages, auth, stats)
             try:
-                reply = prompts.parse_reply(task, first.text)
+                reply = prompts.parse_reply(task, first.text, first.cut_off)
                 corrected = False
             except prompts.ReplyError as err:
                 retry = [*messages, {"role": "assistant", "content": first.text[:4000]},
                          {"role": "user", "content": prompts.correction_message(str(err))}]
                 second = await self._complete(task, retry, auth, stats)
                 try:
-                    reply = prompts.parse_reply(task, second.text)
+                    reply = prompts.parse_reply(task, second.text, second.cut_off)
                 except prompts.ReplyError as err2:
                     return Failure(f"invalid reply: {err2} (after one corrective retry)")
                 first, corrected = second, True
         except _CallFailed as err:
-            return Failure(str(err))
+            return Failure(self._safe(str(err)))
         value = json.dumps({"data": reply.model_dump(mode="json"), "reply": first.text, "corrected": corrected})
         self.cache.put(CACHE_NS, key, value.encode())
         return prompts.result_of(task, reply)
@@ -519,11 +573,14 @@ class LiteLLMEngine:
                 "max_tokens": max_tokens, "timeout": self.config.timeout_seconds,
                 "num_retries": 0, "max_retries": 0, "drop_params": True, **auth,
             }
-            response_format = prompts.response_format_for(task, self._structured)
-            if response_format is not None:
-                params["response_format"] = response_format
             async with self._semaphore:
                 reservation = await self.limiter.acquire(prompt_tokens + max_tokens)
+                mode = self._structured  # read late: a refusal seen while this request waited counts
+                response_format = prompts.response_format_for(task, mode)
+                if mode == "json_object_schema":
+                    params["extra_body"] = {"response_format": response_format}  # litellm drops unknown keys
+                elif response_format is not None:
+                    params["response_format"] = response_format
                 stats.calls += 1
                 try:
                     response = await asyncio.wait_for(lt.acompletion(**params), self.config.timeout_seconds + 10)
@@ -536,7 +593,7 @@ class LiteLLMEngine:
                 self.limiter.settle(reservation, in_tok + out_tok or prompt_tokens + max_tokens)
                 choice = response.choices[0]
                 text = getattr(choice.message, "content", None) or ""
-                return _Reply(text, in_tok, out_tok)
+                return _Reply(text, getattr(choice, "finish_reason", None) == "length")
             kind = _classify(error)
             self.limiter.settle(reservation, 0 if kind == "rate_limit" else prompt_tokens)
             if kind == "rate_limit":
@@ -547,17 +604,18 @@ class LiteLLMEngine:
                 _log.info("429 from %s, waiting %.1f s", self.model, delay)
                 self.limiter.pause(delay)
                 continue
-            if kind == "refused_format" and self._structured != "none":
-                weaker = prompts.WEAKER_FORMAT[self._structured]
-                _log.info("server refused response_format %s (%s); using %s", self._structured,
-                          _first_line(error), weaker)
-                self._structured = weaker
+            if kind == "refused_format" and mode != "none":
+                if self._structured == mode:  # concurrent refusals of the same mode step down once
+                    self._structured = prompts.WEAKER_FORMAT[mode]
+                    _log.info("server refused response_format %s (%s); using %s", mode,
+                              _first_line(error), self._structured)
                 continue
             if kind == "fatal_auth":
                 source = f"${self.config.api_key_env}" if self.config.api_key_env else "the provider's default variable"
-                raise EngineError(f"the provider rejected the API key from {source} for {self.model}: {_first_line(error)}")
+                raise EngineError(self._safe(f"the provider rejected the API key from {source} for {self.model}: "
+                                             f"{_first_line(error)}"))
             if kind == "fatal_model":
-                raise EngineError(f"model '{self.model}' not found: {_first_line(error)}")
+                raise EngineError(self._safe(f"model '{self.model}' not found: {_first_line(error)}"))
             if kind == "context":
                 raise _CallFailed("input too long", _first_line(error))
             if kind == "refused_format":  # even without response_format: judge it by its status

@@ -18,6 +18,7 @@ schemas and the parser).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -151,9 +152,9 @@ class CommunitySummary(_Reply):
 
 
 class QueryEntities(_Reply):
-    """Reply of `query_entities`: the entity names in a question (maybe none)."""
+    """Reply of `query_entities`: the entity names in a question (maybe none, but said so)."""
 
-    entities: list[str] = Field(default_factory=list)
+    entities: list[str]
 
     @field_validator("entities", mode="before")
     @classmethod
@@ -291,8 +292,14 @@ def _strict(node: Any) -> Any:
     return node
 
 
+@functools.cache
+def _schema_text(task: str) -> str:
+    return json.dumps(_strict(SPECS[task].schema.model_json_schema()))
+
+
 def json_schema_for(task: str) -> dict:
-    return _strict(SPECS[task].schema.model_json_schema())
+    """The task's reply schema in strict form (a fresh copy: callers may change it)."""
+    return json.loads(_schema_text(task))
 
 
 STRUCTURED_MODES = ("json_schema", "json_object_schema", "json_object", "none")
@@ -389,15 +396,17 @@ def extract_json(text: str) -> Any:
             return json.loads(candidate)
         except json.JSONDecodeError:
             pass
-        for start in (i for i, ch in enumerate(candidate) if ch in "{["):
+        start = 0
+        while (match := re.search(r"[{\[]", candidate[start:])) is not None:
+            start += match.start()
             end = _balanced_end(candidate, start)
             if end is None:
-                truncated = True
-                continue
+                truncated = True  # everything after an unclosed bracket is inside it: no fragments
+                break
             try:
                 return _loads_lenient(candidate[start:end])
             except ValueError:
-                continue
+                start += 1
     if truncated:
         raise ReplyError("the reply is not complete JSON (it looks cut off or has unbalanced brackets)")
     raise ReplyError("the reply holds no JSON object")
@@ -413,7 +422,8 @@ def _fit_top_level(schema: type[BaseModel], data: Any) -> Any:
         name = next(iter(fields))
         if key != name and isinstance(value, (list, str)):
             # {"semantic_units": [...]} for {"units": [...]}: accept a key that merely differs in wording
-            if len(key) >= 3 and (name.rstrip("s") in key.lower() or key.lower() in name):
+            stem = name[:-3] + "y" if name.endswith("ies") else name.rstrip("s")
+            if len(key) >= 3 and (stem in key.lower() or key.lower() in name):
                 return {name: value}
     return data
 
@@ -427,15 +437,21 @@ def _describe(err: ValidationError) -> str:
     return "; ".join(parts) + more
 
 
-def parse_reply(task: str, text: str) -> BaseModel:
-    """The validated reply of `task`, or `ReplyError` saying what is wrong with it."""
+def parse_reply(task: str, text: str, cut_off: bool = False) -> BaseModel:
+    """The validated reply of `task`, or `ReplyError` saying what is wrong with it.
+
+    `cut_off`: the reply stopped at the output token limit (finish_reason "length").
+    """
     schema = SPECS[task].schema
     try:
         data = extract_json(text)
-    except ReplyError:
-        if task == "answer" and text and text.strip() and "{" not in text:
+    except ReplyError as err:
+        if task == "answer" and text and text.strip() and "{" not in text and not cut_off:
             return Answer(answer=text.strip())  # plain prose is a usable answer
-        raise
+        if cut_off:
+            raise ReplyError("the reply was cut off at the output token limit before the JSON was complete; "
+                             "write a shorter reply") from None
+        raise err from None
     data = _fit_top_level(schema, data)
     try:
         return schema.model_validate(data)

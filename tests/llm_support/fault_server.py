@@ -12,7 +12,8 @@ Each request takes its next action from a script:
 Actions (strings):
     good             a valid reply for the task (or, with `upstream`, the upstream server's reply)
     429:S            status 429 with `Retry-After: S`
-    500              status 500
+    500, 503, ...    that status (any number but 429 and 401)
+    401              status 401, echoing the request's API key in the message
     slow:S           sleep S seconds, then a good reply (to outlast a client timeout)
     truncated        a good reply's JSON cut in half
     wrong_shape      valid JSON of the wrong shape
@@ -71,14 +72,17 @@ def _user_text(body: dict) -> str:
     return users[0] if users else ""
 
 
+_NOT_NAMES = {"Text", "Title", "Question", "Context", "Entity", "Statements", "The", "A", "An", "It", "In", "She",
+              "He", "They", "Who", "Whom", "What", "When", "Where", "Which", "Why", "How"}
+
+
 def good_content(body: dict) -> dict:
     """A valid reply object for the task of the request, derived from its input."""
     task = _task_of(body)
     text = _user_text(body)
     tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
     words = [w.strip(".,;:!?()\"'") for w in text.split()]
-    names = [w for w in words if w[:1].isupper() and w not in ("Text", "Title", "Question", "Context", "Entity",
-                                                               "Statements")][:3] or ["Alpha", "Beta"]
+    names = [w for w in words if w[:1].isupper() and w not in _NOT_NAMES][:3] or ["Alpha", "Beta"]
     if task == "decompose":
         first = names[0]
         last = names[-1] if len(names) > 1 else "Beta"
@@ -109,6 +113,7 @@ class FaultServer:
         self.embed_dim = embed_dim
         self.records: list[Record] = []
         self._queues: list[tuple[str | None, deque]] = []
+        self._auth = ""
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -214,6 +219,7 @@ class FaultServer:
                 self._send(handler, 404, {"error": {"message": "not found"}})
             return
         action = self._next_action(raw)
+        self._auth = handler.headers.get("Authorization", "")
         record = Record(arrived, path, action, body=body)
         with self._lock:
             self.records.append(record)
@@ -227,8 +233,11 @@ class FaultServer:
         kind, _, arg = action.partition(":")
         if kind == "429":
             return 429, {"error": {"message": "rate limited", "type": "rate_limit_error"}}, {"Retry-After": arg or "1"}
-        if kind == "500":
-            return 500, {"error": {"message": "internal error", "type": "server_error"}}, {}
+        if kind == "401":  # echoes the key, as careless providers do: the engine must not repeat it
+            key = self._auth.split(" ", 1)[-1]
+            return 401, {"error": {"message": f"Incorrect API key provided: {key}", "type": "invalid_request_error"}}, {}
+        if kind.isdigit():
+            return int(kind), {"error": {"message": f"scripted status {kind}", "type": "server_error"}}, {}
         if kind == "slow":
             time.sleep(float(arg or 5))
             kind = "good"
