@@ -111,8 +111,9 @@ class RichReporter(Reporter):
 
 @app.command()
 def index(
-    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)")],
-    input: Annotated[Path, typer.Option("--input", "-i", help="folder of .txt/.md documents, read recursively")],
+    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False)],
+    input: Annotated[Path, typer.Option("--input", "-i", help="folder of .txt/.md documents, read recursively",
+                                        readable=False)],
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; default: the workspace's own")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would do and cost, change nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,

@@ -142,7 +142,7 @@ def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFil
             try:
                 relative.encode("utf-8")
             except UnicodeEncodeError:
-                shown = relative.encode("utf-8", "replace").decode("utf-8")
+                shown = relative.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 found.append(ScannedFile(shown, absolute, None, "", 0, "file name is not valid UTF-8"))
                 continue
             text, data, reason = _read_text(absolute, max_bytes)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 
 import faiss
-import igraph as ig
 import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
@@ -25,6 +25,27 @@ from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
+
+
+def _igraph():
+    """igraph, imported without its plotting layer.
+
+    When matplotlib is installed, `import igraph` imports matplotlib.pyplot (0.75 s, half of
+    a run's start-up time). We never plot, so matplotlib is hidden while igraph is imported
+    (igraph then keeps a stub for plotting in this process); any later `import matplotlib`
+    elsewhere works as usual.
+    """
+    if "igraph" in sys.modules:
+        return sys.modules["igraph"]
+    hide = "matplotlib" not in sys.modules
+    if hide:
+        sys.modules["matplotlib"] = None  # makes `import matplotlib` raise ImportError
+    try:
+        import igraph
+    finally:
+        if hide and sys.modules.get("matplotlib", 0) is None:
+            del sys.modules["matplotlib"]
+    return igraph
 
 
 def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> np.ndarray:
@@ -39,6 +60,7 @@ def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> n
     n = len(graph.ids)
     if n == 0:
         return np.zeros(0, dtype=np.int32)
+    ig = _igraph()
     upper = sp.triu(graph.adjacency, k=1).tocoo()
     g = ig.Graph(n=n, edges=np.column_stack([upper.row, upper.col]).astype(np.int64), directed=False)
     g.es["weight"] = upper.data.astype(np.float64)

@@ -27,8 +27,9 @@ def cache_key(engine_settings: dict, title: str, text: str) -> str:
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
     engine_settings: dict | None = None,
-) -> tuple[dict[str, list[Unit]], dict[str, str]]:
-    """Units per chunk id, from the cache where possible; and failure reasons per chunk id.
+) -> tuple[dict[str, list[Unit]], dict[str, str], dict[str, int]]:
+    """Units per chunk id, from the cache where possible; failure reasons per chunk id; and
+    how many distinct chunks were `cached` and how many the engine `decomposed` in this call.
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
@@ -63,7 +64,7 @@ def decompose_chunks(
             units.setdefault(chunk.chunk_id, []).extend(result)
             fresh.append((key, _dump_units(result)))
         cache.put_many("decompose", fresh)
-    return units, failures
+    return units, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
 
 
 def _dump_units(units: list[Unit]) -> bytes:

@@ -204,9 +204,10 @@ def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, 
 
 
 def indexed_state(ws: Workspace) -> dict[str, str]:
-    """{path: content hash} of the documents in the last complete build (empty when none)."""
+    """{path: content hash} of the documents in the last complete build (empty when none, or
+    when the final stage was interrupted and the final tables are not a complete build)."""
     path = indexed_documents_path(ws)
-    if not path.is_file():
+    if not path.is_file() or ws.read_manifest().get("stages", {}).get("similarity", {}).get("state") != "done":
         return {}
     table = pq.read_table(path, columns=["path", "content_hash", "status"])
     return {p: h for p, h, s in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
@@ -341,13 +342,13 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
     if stage == "decompose":
         chunks = _read(ws, "chunk", "chunks.parquet")
         reporter.stage_started(stage, chunks.num_rows)
-        units, failures = decompose.decompose_chunks(
+        units, failures, work = decompose.decompose_chunks(
             chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name)
         )
         nodes, edges = decompose.build_graph(units, counter)
         embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist())
         _commit(ws, stage, nodes, edges, failures)
-        return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures)}
+        return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
     if stage == "attributes":
         nodes, edges = _read(ws, "decompose", "nodes.parquet"), _read(ws, "decompose", "edges.parquet")
         reporter.stage_started(stage, None)

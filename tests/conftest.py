@@ -1,0 +1,110 @@
+"""Shared helpers for the indexing tests: run the real CLI in a subprocess, build sample_corpus
+once per session, compare workspaces table for table.
+
+Every `noderag` call here is `python -m noderag_cli.cli ...` in a child process, so exit
+codes, stderr and SIGKILL behave exactly as for a user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_CORPUS = REPO / "sample_corpus"
+FINAL_TABLES = ("nodes.parquet", "edges.parquet")
+
+
+@dataclass
+class Run:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+def noderag(*args, env: dict | None = None, prefix: list[str] | None = None, timeout: float = 300) -> Run:
+    """Run `noderag ARGS...` as a child process; env adds to (a copy of) the current environment."""
+    full_env = {k: v for k, v in os.environ.items() if k != "NODERAG_TEST_KILL_AT"}
+    full_env.update({"COLUMNS": "200", "NO_COLOR": "1", **(env or {})})
+    command = [*(prefix or []), sys.executable, "-m", "noderag_cli.cli", *map(str, args)]
+    done = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO)
+    return Run([str(a) for a in args], done.returncode, done.stdout, done.stderr)
+
+
+def index(workspace: Path, folder: Path, *extra, env: dict | None = None, expect: int | None = 0) -> Run:
+    run = noderag("index", workspace, "--input", folder, "--json", *extra, env=env)
+    if expect is not None:
+        assert run.returncode == expect, f"exit {run.returncode}, stderr:\n{run.stderr}\nstdout:\n{run.stdout}"
+    return run
+
+
+def assert_one_line_error(run: Run, *fragments: str) -> None:
+    """A clean failure: no traceback, an `error:` line naming what is wrong."""
+    assert "Traceback" not in run.stderr and "Traceback" not in run.stdout, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, run.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def read_bytes(workspace: Path, names=FINAL_TABLES) -> dict[str, bytes]:
+    return {name: (workspace / name).read_bytes() for name in names}
+
+
+def assert_same_tables(a: Path, b: Path) -> None:
+    """The node and edge tables of two workspaces are equal, row for row, and byte-identical files."""
+    for name in FINAL_TABLES:
+        ta, tb = pq.read_table(a / name), pq.read_table(b / name)
+        if not ta.equals(tb):
+            ra = set(map(lambda r: json.dumps(r, sort_keys=True), ta.to_pylist()))
+            rb = set(map(lambda r: json.dumps(r, sort_keys=True), tb.to_pylist()))
+            pytest.fail(f"{name} differ: {len(ra - rb)} rows only in {a}, {len(rb - ra)} only in {b}; "
+                        f"e.g. {sorted(ra - rb)[:2]} vs {sorted(rb - ra)[:2]}")
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name}: equal tables but different bytes"
+
+
+def manifest(workspace: Path) -> dict:
+    return json.loads((workspace / "manifest.json").read_text())
+
+
+def copy_workspace(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(".lock"))
+    return target
+
+
+def copy_corpus(target: Path) -> Path:
+    shutil.copytree(SAMPLE_CORPUS, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    """sample_corpus indexed once, from scratch, through the CLI (human-readable output kept in
+    `index-output.txt` beside it for the summary test). Tests must not modify it: copy it."""
+    root = tmp_path_factory.mktemp("built")
+    workspace = root / "ws"
+    run = noderag("index", workspace, "--input", SAMPLE_CORPUS)
+    assert run.returncode == 0, run.stderr
+    (root / "index-output.txt").write_text(run.stdout)
+    (root / "index-stderr.txt").write_text(run.stderr)
+    return workspace
+
+
+@pytest.fixture(scope="session")
+def built_again(tmp_path_factory) -> Path:
+    """A second, independent build of sample_corpus (another process, another folder)."""
+    workspace = tmp_path_factory.mktemp("built-again") / "ws"
+    index(workspace, SAMPLE_CORPUS)
+    return workspace
