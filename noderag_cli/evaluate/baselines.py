@@ -18,6 +18,7 @@ texts, which NodeRAG never embeds; typed incidence matrices) is built once per w
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,12 @@ def fill_sections(retriever: Retriever, sections: list[tuple[np.ndarray, np.ndar
     return (np.concatenate(kept) if kept else np.zeros(0, np.int64)), scores
 
 
+def _dot(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """matrix @ vector without BLAS: a multi-threaded gemv on a busy machine costs 10x more, and
+    the latency column should measure the strategy, not thread contention."""
+    return np.einsum("ij,j->i", matrix, vector.astype(matrix.dtype, copy=False))
+
+
 def _top(values: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
     return context.top_rows(values, candidates, k)
 
@@ -161,6 +168,7 @@ class GraphSide:
             a, b = src[mask], dst[mask]
             ones = np.ones(2 * len(a))
             self.kind[kind] = sp.csr_matrix((ones, (np.concatenate([a, b]), np.concatenate([b, a]))), shape=(n, n))
+        self.kind["described"] = (self.kind["A-N"] + self.kind["S-N"]).tocsr()  # entity -> its A and S
         self.entities = retriever.rows_by_type["N"]
         self.relations = retriever.rows_by_type["R"]
         embedder = Embedder(retriever.embedder.config, setup.cache) if setup.cache else retriever.embedder
@@ -168,18 +176,19 @@ class GraphSide:
         self.name_vectors = embedder.embed([str(t) for t in retriever.texts[self.entities]])
         self.relation_vectors = embedder.embed([str(t) for t in retriever.texts[self.relations]])
         # entity description vectors: name + mean of its units and attribute
-        described = (self.kind["S-N"] + self.kind["A-N"])[self.entities][:, retriever.node_of_vector]
+        described = self.kind["described"][self.entities][:, retriever.node_of_vector]
         mean = described @ retriever.vectors
         mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
         combined = self.name_vectors + mean
-        self.entity_vectors = combined / np.maximum(np.linalg.norm(combined, axis=1, keepdims=True), 1e-12)
+        combined /= np.maximum(np.linalg.norm(combined, axis=1, keepdims=True), 1e-12)
+        self.entity_vectors = combined.astype(np.float32)
         self._hippo: tuple | None = None
 
     # query-side helpers -------------------------------------------------------------
     def similarity(self, query_vector: np.ndarray) -> np.ndarray:
         """Cosine of every embedded node to the query (0 for nodes without a vector)."""
         out = np.zeros(len(self.retriever.ids), dtype=np.float64)
-        out[self.retriever.node_of_vector] = np.maximum(self.retriever.vectors @ query_vector, 0.0)
+        out[self.retriever.node_of_vector] = np.maximum(_dot(self.retriever.vectors, query_vector), 0.0)
         return out
 
     def keywords(self, question: str) -> tuple[list[str], str]:
@@ -201,7 +210,7 @@ class GraphSide:
         for keyword in keywords:
             rows = [r for r in self.retriever.names.match(keyword) if is_entity[r]]
             scores[rows] = 1.0
-        similarity = self.name_vectors @ self.embedder.embed(keywords).T  # (entities, keywords)
+        similarity = np.einsum("ij,kj->ik", self.name_vectors, self.embedder.embed(keywords))  # (entities, keywords)
         for column in range(similarity.shape[1]):  # each keyword's k nearest names
             values = similarity[:, column]
             best = np.argsort(-values, kind="stable")[:k]
@@ -213,7 +222,7 @@ class GraphSide:
         """Entity descriptions: the entity's attribute (A) where it has one, and the units (S) that
         mention it, each scored by the entity score it carries times its similarity to the question."""
         rows = np.concatenate([self.retriever.rows_by_type["A"], self.retriever.rows_by_type["S"]])
-        mass = (self.kind["A-N"] + self.kind["S-N"]) @ entity_scores
+        mass = self.kind["described"] @ entity_scores
         return rows, mass[rows] * similarity[rows]
 
     def chunk_scores(self, unit_mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -288,7 +297,7 @@ def _lightrag_sections(side: GraphSide, question: str, mode: str, budget: int) -
         kept = np.zeros(len(entity), dtype=bool)
         kept[_top(entity, side.entities, LIGHTRAG_TOP_ENTITIES)] = True
         entity = np.where(kept, entity, 0.0)
-        relation_similarity = side.relation_vectors @ query
+        relation_similarity = _dot(side.relation_vectors, query)
         relation = side.kind["R-N"] @ entity  # one hop: the relationships of the matched entities ...
         relation[side.relations] *= np.maximum(relation_similarity, 0.0)  # ... most relevant first
         neighbours = side.kind["R-N"] @ (side.kind["R-N"] @ entity)  # ... and the entities at their other end
@@ -298,7 +307,7 @@ def _lightrag_sections(side: GraphSide, question: str, mode: str, budget: int) -
         by_section["relations"].append((side.relations, relation[side.relations]))
         by_section["chunks"].append(side.chunk_scores(side.kind["S-N"] @ reach))
     if mode in ("global", "hybrid"):
-        relation_similarity = side.relation_vectors @ side.embedder.embed([high])[0]
+        relation_similarity = _dot(side.relation_vectors, side.embedder.embed([high])[0])
         best = np.argsort(-relation_similarity, kind="stable")[:LIGHTRAG_TOP_RELATIONS]
         relation = np.zeros(len(retriever.ids), dtype=np.float64)
         relation[side.relations[best]] = np.maximum(relation_similarity[best], 1e-6)
@@ -364,17 +373,18 @@ def graphrag_local(setup: Setup, question: str, budget: int) -> Retrieval:
     side = setup.graph_side()
     query = retriever.embed_question(question)
     similarity = side.similarity(query)
-    entity_similarity = side.entity_vectors @ query
+    entity_similarity = _dot(side.entity_vectors, query)
     best = np.argsort(-entity_similarity, kind="stable")[:GRAPHRAG_TOP_ENTITIES]
     entity = np.zeros(len(retriever.ids), dtype=np.float64)
     entity[side.entities[best]] = np.maximum(entity_similarity[best], 1e-6)
     high = retriever.rows_by_type["H"]
     chosen_communities = side.community[side.entities[best]]
-    community_votes = np.array([np.sum(chosen_communities == c) for c in side.community[high]], dtype=np.float64)
+    votes = Counter(chosen_communities.tolist())
+    community_votes = np.array([votes.get(c, 0) for c in side.community[high].tolist()], dtype=np.float64)
     community_scores = community_votes + similarity[high]  # ties: closer summary first
     community_scores[community_votes == 0] = 0.0
     relation = side.kind["R-N"] @ (entity > 0).astype(np.float64)  # 2 = joins two selected entities
-    relation[side.relations] += 0.5 * np.maximum(side.relation_vectors @ query, 0.0) * (relation[side.relations] > 0)
+    relation[side.relations] += 0.5 * np.maximum(_dot(side.relation_vectors, query), 0.0) * (relation[side.relations] > 0)
     description_rows, description_values = side.description_candidates(entity, similarity)
     chunk_rows, chunk_values = side.chunk_scores(side.kind["S-N"] @ entity)
     sections = [(high, community_scores, GRAPHRAG_SHARES["communities"]),
@@ -430,10 +440,10 @@ def hipporag(setup: Setup, question: str, budget: int) -> Retrieval:
     for name in entities:
         found = [int(position[r]) for r in retriever.names.match(name) if position[r] >= 0]
         if not found:
-            found = [int(np.argmax(side.name_vectors @ side.embedder.embed([name])[0]))]
+            found = [int(np.argmax(_dot(side.name_vectors, side.embedder.embed([name])[0])))]
         seeds.extend(found)
     if not seeds:
-        nearest = side.name_vectors @ retriever.embed_question(question)
+        nearest = _dot(side.name_vectors, retriever.embed_question(question))
         seeds = np.argsort(-nearest, kind="stable")[:3].tolist()
     personalization = np.zeros(len(side.entities), dtype=np.float64)
     for seed in dict.fromkeys(seeds):
