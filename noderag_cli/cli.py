@@ -365,7 +365,7 @@ def ablate(
                         f"{len(result.rows)} rows in {result.seconds.get('run', 0):.1f}s", box=box.SIMPLE_HEAD,
                   caption="baselines in italics; kinds, descriptions and notes in ablation.json")
     columns = ["strategy", "budget", "contained", "recall", "tokens", "med ms", "p95 ms"]
-    for column in columns + (["judged ok"] if judged else []):
+    for column in columns + (["judge"] if judged else []):
         table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
 
     def cell(value, digits: int = 3) -> str:

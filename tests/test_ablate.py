@@ -294,6 +294,23 @@ def test_dataset_mode_builds_the_workspace_under_out_and_reuses_it(tmp_path):
     assert all(row["support_recall"] == 1.0 for row in result["rows"])
 
 
+def test_dataset_mode_refuses_a_workspace_indexed_from_other_documents(workspace, tmp_path):
+    data = _tiny_musique(tmp_path / "musique")
+    done = noderag("ablate", str(workspace), "--dataset", "musique", "--data", str(data), "--out", str(tmp_path / "o"))
+    _one_line_error(done, 2, "was indexed from", "give another WORKSPACE")
+
+
+def test_help_lists_every_strategy():
+    import os
+
+    done = subprocess.run([sys.executable, "-m", "noderag_cli.cli", "ablate", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "400"}, timeout=120)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    for name in STRATEGIES:
+        assert name in text or (name.startswith("ppr-") and name[4:].isdigit()), name
+
+
 def test_ablation_table_and_markdown_for_the_benchmark(tmp_path):
     data = _tiny_musique(tmp_path / "musique")
     rows = ablate.ablation_table("musique", data, tmp_path / "work", budgets=(150, 300))

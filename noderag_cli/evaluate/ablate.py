@@ -132,6 +132,11 @@ def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: P
         questions = DATASETS[dataset](data_dir, Path(corpus_dir))
     except (ValueError, KeyError, TypeError) as err:
         raise AblationInputError(f"{data_dir} is not in the {dataset} format: {type(err).__name__}: {err}") from None
+    indexed_from = Workspace(Path(workspace)).read_manifest().get("input")
+    if indexed_from and Path(indexed_from) != Path(corpus_dir).resolve():
+        raise AblationInputError(f"workspace {workspace} was indexed from {indexed_from}, not from the {dataset} corpus "
+                                 f"{Path(corpus_dir).resolve()}; indexing the dataset into it would replace its "
+                                 "documents, so give another WORKSPACE or none")
     started = time.perf_counter()
     api.index(workspace, corpus_dir, config_path=config_path, reporter=reporter)
     return questions, time.perf_counter() - started
