@@ -60,7 +60,7 @@ UPSTREAM = {
     "embed": ["decompose", "attributes", "communities", "text"],
     "similarity": ["chunk", "decompose", "attributes", "communities", "text", "embed"],
 }
-ENGINE_TASK = {"decompose": "decompose", "attributes": "attribute", "communities": "community"}
+ENGINE_TASK = {"decompose": "decompose", "attributes": "attributes", "communities": "community_elements"}
 KILL_ENV = "NODERAG_TEST_KILL_AT"
 
 
@@ -275,9 +275,9 @@ def run_pipeline(
         outputs_digest[stage] = digest
         _kill_point(stage, "commit")
         llm = _delta(before, engine.stats, ENGINE_TASK.get(stage))
+        info["vectors_computed"] = ws.cache.count("embedding") - vectors_before
         manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "settings": settings,
-                                     "outputs": digest, "seconds": round(seconds, 3), "llm": llm,
-                                     "vectors_computed": ws.cache.count("embedding") - vectors_before, **info}
+                                     "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}
         ws.write_manifest(manifest)
         reporter.stage_finished(stage, seconds, skipped=False)
         result.stages[stage] = {"skipped": False, "seconds": seconds, **info}

@@ -1,0 +1,241 @@
+"""Incremental indexing: after adding, changing, renaming and deleting documents (alone, together,
+and in sequence), `noderag index` on the old workspace yields the same node and edge tables as
+indexing the final folder from scratch, pays only for what changed (chunks decomposed, vectors
+computed), survives a SIGKILL mid-update, and never retrieves a deleted document again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import SAMPLE_CORPUS, assert_same_tables, copy_workspace, index, noderag
+
+from noderag_cli.graph import document_id, entity_id
+from noderag_cli.index.pipeline import STAGES
+
+NEW_DOCUMENT = """# The Korven Institute
+
+The Korven Institute is a research library in Vessmouth, founded in 1902 by Edda Marrow.
+Its reading room holds the papers of the Sound Maritime Society and the logbooks of the Calder Point Shipworks.
+Every spring the institute lends its archive to the Vessmouth Lantern Festival.
+"""
+
+SECOND_NEW_DOCUMENT = """Harbour Pilots of the Orlen
+
+The pilots of the River Orlen guided ships into Vessmouth harbour until 1931.
+Tobias Renning served as their last master pilot before the Great Storm of 1871 was forgotten.
+"""
+
+QUESTION = "Who founded the society that awards the Greyling Medal?"
+
+
+def fresh(folder: Path, workspace: Path) -> Path:
+    index(workspace, folder)
+    return workspace
+
+
+def stage_info(run) -> dict:
+    return {s: run.json()["stages"][s] for s in STAGES}
+
+
+def vectors_computed(run, stage: str | None = None) -> int:
+    """Vectors the run computed (cache misses of the embedding cache) in one stage or in all."""
+    stages = run.json()["stages"]
+    return sum(stages[s].get("vectors_computed", 0) for s in ([stage] if stage else STAGES))
+
+
+def embedded_texts(workspace: Path, types: str = "TSAH") -> set[str]:
+    nodes = pq.read_table(workspace / "nodes.parquet", columns=["type", "text"]).to_pylist()
+    return {n["text"] for n in nodes if n["type"] in types}
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+def round_one(folder: Path) -> None:
+    """Two documents added, one changed, one renamed into another folder, one deleted."""
+    (folder / "institutes").mkdir()
+    (folder / "institutes" / "korven_institute.md").write_text(NEW_DOCUMENT)
+    (folder / "harbour_pilots.txt").write_text(SECOND_NEW_DOCUMENT)
+    edit(folder / "history" / "dunholt.txt", "Dunholt", "Dunholt Parva")
+    (folder / "places").mkdir()
+    shutil.move(folder / "river_orlen.txt", folder / "places" / "river_orlen.txt")
+    (folder / "wenna_caddick.txt").unlink()
+
+
+def round_two(folder: Path) -> None:
+    """After round one: the deleted document comes back, an added one changes, the renamed one goes."""
+    shutil.copy(SAMPLE_CORPUS / "wenna_caddick.txt", folder / "wenna_caddick.txt")
+    edit(folder / "institutes" / "korven_institute.md", "1902", "1904")
+    (folder / "places" / "river_orlen.txt").unlink()
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory) -> tuple[Path, Path]:
+    """(corpus copy, its workspace), built once; tests copy both before changing anything."""
+    root = tmp_path_factory.mktemp("base")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    return corpus, fresh(corpus, root / "ws")
+
+
+@pytest.fixture(scope="session")
+def round_one_fresh(tmp_path_factory) -> tuple[Path, Path]:
+    """The folder after round one, and a workspace built from it from scratch."""
+    root = tmp_path_factory.mktemp("round-one")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    round_one(corpus)
+    return corpus, fresh(corpus, root / "ws")
+
+
+def working_copy(base, tmp_path) -> tuple[Path, Path]:
+    corpus, workspace = base
+    shutil.copytree(corpus, tmp_path / "corpus")
+    return tmp_path / "corpus", copy_workspace(workspace, tmp_path / "ws")
+
+
+def test_add_document(base, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    before = embedded_texts(workspace)
+    (corpus / "institutes").mkdir()
+    (corpus / "institutes" / "korven_institute.md").write_text(NEW_DOCUMENT)
+    run = index(workspace, corpus)
+    assert run.json()["documents"] == {"new": 1, "changed": 0, "renamed": 0, "deleted": 0, "unchanged": 17}
+    decompose = stage_info(run)["decompose"]
+    assert (decompose["decomposed"], decompose["cached"]) == (1, 17)  # only the new chunk is decomposed
+    # unchanged nodes are never re-embedded: vectors computed <= texts that are new
+    new_texts = embedded_texts(workspace) - before
+    assert 0 < vectors_computed(run, "decompose") <= len(embedded_texts(workspace, "S") - before)
+    assert 0 < vectors_computed(run, "embed") <= len(new_texts)
+    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    added = document_id("institutes/korven_institute.md")
+    assert any(n["type"] == "T" and n["doc_ids"] == [added] for n in nodes)
+    assert entity_id("Korven Institute") in {n["id"] for n in nodes}
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+
+
+def test_change_document(base, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    old_units = {n["text"] for n in pq.read_table(workspace / "nodes.parquet").to_pylist()
+                 if n["type"] == "S" and document_id("tobias_renning.txt") in n["doc_ids"]}
+    edit(corpus / "tobias_renning.txt", "roughly 80% over 2.5 years", "roughly 75% over three years")
+    run = index(workspace, corpus)
+    assert run.json()["documents"]["changed"] == 1
+    assert stage_info(run)["decompose"]["decomposed"] == 1
+    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    texts = {n["text"] for n in nodes}
+    assert not any("80%" in t for t in texts), "text of the old version survived"
+    assert any("75% over three years" in t for t in texts)
+    assert entity_id("80%") not in {n["id"] for n in nodes}
+    assert old_units - texts  # the old version's units are gone
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+
+
+def test_rename_document_costs_no_decomposition_and_no_vectors(base, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    (corpus / "archive").mkdir()
+    shutil.move(corpus / "greyling_medal.md", corpus / "archive" / "greyling_medal.md")
+    run = index(workspace, corpus)
+    assert run.json()["documents"]["renamed"] == 1
+    info = stage_info(run)
+    assert info["decompose"]["decomposed"] == 0
+    assert vectors_computed(run) == 0
+    # the graph's content did not change, only provenance: the content stages are skipped
+    assert all(info[s]["skipped"] for s in ("attributes", "communities", "embed")), info
+    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    old, new = document_id("greyling_medal.md"), document_id("archive/greyling_medal.md")
+    assert not any(old in n["doc_ids"] for n in nodes)
+    assert any(new in n["doc_ids"] for n in nodes)
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+
+
+def test_delete_document_removes_everything_derived_from_it(base, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    gone = document_id("greyling_medal.md")
+    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    only_there = {n["id"] for n in nodes if n["doc_ids"] == [gone]}
+    assert {i[0] for i in only_there} >= {"T", "S", "N", "R"}
+    hit = noderag("query", workspace, QUESTION, "--json", "--context-only")
+    assert any("greyling_medal.md" in n["documents"] for n in json.loads(hit.stdout)["nodes"])
+
+    (corpus / "greyling_medal.md").unlink()
+    run = index(workspace, corpus)
+    assert run.json()["documents"]["deleted"] == 1
+    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    assert not any(gone in n["doc_ids"] for n in nodes)
+    ids = {n["id"] for n in nodes}
+    assert not only_there & ids, "nodes derived only from the deleted document survived"
+    edges = pq.read_table(workspace / "edges.parquet").to_pylist()
+    assert not any(e["source"] in only_there or e["target"] in only_there for e in edges)
+    answer = noderag("query", workspace, QUESTION, "--json", "--context-only")
+    assert answer.returncode == 0, answer.stderr
+    for node in json.loads(answer.stdout)["nodes"]:
+        assert "greyling_medal.md" not in node["documents"], node
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+
+
+def test_sequence_of_changes_equals_fresh_builds(base, round_one_fresh, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    round_one(corpus)
+    # the dry run says what will happen and writes nothing
+    files_before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in workspace.rglob("*") if p.is_file()}
+    plan = noderag("index", workspace, "--input", corpus, "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    plan = plan.json()
+    assert plan["documents"] == {"new": 2, "changed": 1, "renamed": 1, "deleted": 1, "unchanged": 14, "skipped": 0}
+    assert plan["changes"]["renamed"] == ["river_orlen.txt -> places/river_orlen.txt"]
+    assert plan["changes"]["deleted"] == ["wenna_caddick.txt"]
+    assert plan["chunks"] == {"in_changed_documents": 4, "to_decompose": 3}  # the renamed chunk is cached
+    assert plan["stages"]["chunk"] == "re-run: documents changed"
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in workspace.rglob("*") if p.is_file()} == files_before
+
+    run = index(workspace, corpus)
+    assert run.json()["documents"] == {k: v for k, v in plan["documents"].items() if k != "skipped"}
+    assert stage_info(run)["decompose"]["decomposed"] == 3
+    assert_same_tables(workspace, round_one_fresh[1])
+
+    round_two(corpus)
+    run = index(workspace, corpus)
+    assert run.json()["documents"] == {"new": 1, "changed": 1, "renamed": 0, "deleted": 1, "unchanged": 16}
+    assert stage_info(run)["decompose"]["decomposed"] == 1  # wenna_caddick.txt comes back from the cache
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+    statuses = noderag("stats", workspace, "--json").json()["documents"]["by_status"]
+    assert statuses == {"indexed": 18}
+
+
+def test_kill_during_an_update_and_resume(base, round_one_fresh, tmp_path):
+    corpus, workspace = working_copy(base, tmp_path)
+    round_one(corpus)
+    killed = index(workspace, corpus, env={"NODERAG_TEST_KILL_AT": "decompose:16"}, expect=None)
+    assert killed.returncode == -signal.SIGKILL
+    # the previous complete build is untouched and still answers; stats says what is pending
+    assert_same_tables(workspace, base[1])
+    answer = noderag("query", workspace, QUESTION, "--json", "--context-only")
+    assert answer.returncode == 0 and json.loads(answer.stdout)["nodes"]
+    listing = {row["path"]: row for row in noderag("stats", workspace, "--json").json()["documents"]["list"]}
+    assert listing["institutes/korven_institute.md"]["status"] == "pending"
+    assert listing["institutes/korven_institute.md"]["reason"] == "new"
+    assert listing["history/dunholt.txt"]["reason"] == "changed"
+    assert listing["places/river_orlen.txt"]["reason"] == "renamed from river_orlen.txt"
+    assert listing["places/river_orlen.txt"]["chunks_done"] == 1
+    assert listing["institutes/korven_institute.md"]["chunks_done"] == 0
+    assert listing["wenna_caddick.txt"]["status"] == "pending"
+    assert listing["wenna_caddick.txt"]["reason"].startswith("removed from the input")
+    assert listing["greyling_medal.md"]["status"] == "indexed"
+
+    killed = index(workspace, corpus, env={"NODERAG_TEST_KILL_AT": "similarity:commit"}, expect=None)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = index(workspace, corpus)
+    info = stage_info(resumed)
+    assert all(info[s]["skipped"] for s in STAGES[:-1]) and not info["similarity"]["skipped"]
+    assert_same_tables(workspace, round_one_fresh[1])
+    assert noderag("stats", workspace, "--json").json()["documents"]["by_status"] == {"indexed": 18}
