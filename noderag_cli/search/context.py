@@ -9,6 +9,8 @@ then shown grouped by type.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 TYPE_ORDER = ("H", "A", "S", "R", "T")
@@ -33,27 +35,36 @@ def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
 def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
                texts: np.ndarray | None = None) -> np.ndarray:
     """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would
-    overflow is skipped, not the rest. With texts, a node whose statement already stands in the
-    context (a unit inside its chunk, an extractive attribute repeating a unit) is skipped too."""
+    overflow is skipped, not the rest. With texts, a node that is mostly already in the context
+    (a unit inside its chunk, an extractive attribute repeating units) is skipped too: at least
+    half of its sentences must be new."""
     if len(rows) == 0:
         return rows
     order = np.lexsort((rows, -priority))
     rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
-    kept, used, shown = [], 0, []
+    kept, used, shown = [], 0, set()
     for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
         if used + size > budget:
             continue
         if texts is not None:
-            body = statement(texts[row])
-            if any(body in text for text in shown):
+            keys = sentence_keys(texts[row])
+            if keys and 2 * len(keys - shown) < len(keys):
                 continue
-            shown.append(texts[row])
+            shown |= keys
         kept.append(row)
         used += size
     return np.asarray(kept, dtype=np.int64)
 
 
-def statement(text: str) -> str:
-    """A unit's or attribute's text without its "Subject: " prefix."""
-    head, sep, body = text.partition(": ")
-    return body if sep and len(head) <= 120 else text
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_SUBJECT = re.compile(r"^(?:[^:.!?]{1,120}: )+")
+
+
+def sentence_keys(text: str) -> set[str]:
+    """Each sentence of a node, without "Subject: " prefixes, case- and space-folded."""
+    keys = set()
+    for sentence in _SENTENCE_END.split(text):
+        key = " ".join(_SUBJECT.sub("", sentence).split()).casefold()
+        if len(key) > 12:
+            keys.add(key)
+    return keys
