@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +247,15 @@ def run_pipeline(
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
 
     outputs_digest: dict[str, str] = {}
+    state = _RunState()
+    ran: list[str] = []
     for stage in STAGES:
+        # the first HNSW block is worth starting early when the final stage will (very likely) run
+        state.want_early_block = stop_after in (None, "similarity") and (
+            bool(ran) or stage == "decompose" or manifest["stages"].get("similarity", {}).get("state") != "done")
+        if stage == "attributes" and state.early is None and state.want_early_block:
+            state.early = _EarlyBlock(_read(ws, "decompose", "nodes.parquet"), _read(ws, "chunk", "chunks.parquet"),
+                                      config, embedder)
         settings = settings_digest(config, engine.name, stage)
         fingerprint = json_digest(
             {"stage": stage, "settings": settings, "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
@@ -262,6 +271,7 @@ def run_pipeline(
             if stage == stop_after:
                 break
             continue
+        ran.append(stage)
         manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint, "settings": settings}
         ws.write_manifest(manifest)
         log.info("stage %s started", stage)
@@ -269,7 +279,7 @@ def run_pipeline(
         before = _snapshot(engine.stats)
         vectors_before = ws.cache.count("embedding")
         t0 = time.perf_counter()
-        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage))
+        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage), state)
         seconds = time.perf_counter() - t0
         digest = json_digest([file_digest(p) for p in stage_outputs(ws, stage)])
         outputs_digest[stage] = digest
@@ -284,6 +294,8 @@ def run_pipeline(
         log.info("stage %s done in %.2fs %s", stage, seconds, info)
         if stage == stop_after:
             break
+    if state.early is not None:
+        state.early.thread.join()
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
     if ws.path("nodes.parquet").is_file() and manifest["stages"].get("similarity", {}).get("state") == "done":
@@ -329,8 +341,16 @@ def _read(ws: Workspace, stage: str, name: str) -> pa.Table:
     return ws.read_table(ws.stage_path(stage, name))
 
 
+@dataclass
+class _RunState:
+    """What stages of one run share beyond the committed tables: the background HNSW block."""
+
+    want_early_block: bool = False
+    early: _EarlyBlock | None = None
+
+
 def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine, embedder: Embedder,
-               reporter: Reporter) -> dict:
+               reporter: Reporter, run: _RunState) -> dict:
     g = config.graph
     counter = TokenCounter(ws.cache)
     if stage == "chunk":
@@ -345,8 +365,14 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         units, failures, work = decompose.decompose_chunks(
             chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name)
         )
-        nodes, edges = decompose.build_graph(units, counter)
-        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist())
+        nodes, edges = decompose.build_graph(units)
+        if run.want_early_block:  # S and T are known: start the first HNSW block in the background
+            run.early = _EarlyBlock(nodes, chunks, config, embedder)
+        # vectors of every S and T text now: K-means and the embed stage find them in the cache
+        embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
+                          + chunks["text"].to_pylist())
+        nodes = nodes.set_column(nodes.schema.get_field_index("tokens"), "tokens",
+                                 pa.array(counter(nodes["text"].to_pylist()), pa.int32()))
         _commit(ws, stage, nodes, edges, failures)
         return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
     if stage == "attributes":
@@ -355,7 +381,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         new_nodes, new_edges, failures = attributes.run(
             nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance, counter
         )
-        embedder.embed(new_nodes["text"].to_pylist())
+        embed.embed_texts(embedder, new_nodes["text"].to_pylist())
         _commit(ws, stage, new_nodes, new_edges, failures)
         return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
     if stage == "communities":
@@ -386,7 +412,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else embedder.dim}
     if stage == "similarity":
         reporter.stage_started(stage, None)
-        return _assemble(ws, config)
+        return _assemble(ws, config, run.early)
     raise ValueError(stage)
 
 
@@ -400,12 +426,48 @@ def _all_stage_nodes(ws: Workspace) -> pa.Table:
     return pa.concat_tables([_read(ws, s, "nodes.parquet") for s in ("decompose", "attributes", "communities", "text")])
 
 
-def _assemble(ws: Workspace, config: Config) -> dict:
+class _EarlyBlock:
+    """The first HNSW block (every S and T node), built in a background thread from the end of
+    decomposition on, while attributes, communities, text and embed run: faiss releases the
+    GIL, so on two cores most of the single-threaded HNSW build is hidden. The similarity stage
+    uses it only if its own first block has exactly these ids and vectors; else it is ignored."""
+
+    def __init__(self, units: pa.Table, chunks: pa.Table, config: Config, embedder: Embedder):
+        t_nodes, _ = text.run(chunks, units)
+        block = embed.ordered(pa.concat_tables([units.filter(pc.equal(units["type"], "S")), t_nodes]))[0]
+        self.ids = block["id"].to_pylist()
+        self.vectors = embed.embed_texts(embedder, block["text"].to_pylist())
+        self.index = similarity_edges.new_index(embedder.dim, config.hnsw)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._build, name="noderag-hnsw-block", daemon=True)
+        self.thread.start()
+
+    def _build(self) -> None:
+        started = time.perf_counter()
+        try:
+            similarity_edges.add_block(self.index, self.vectors)
+        except BaseException as err:  # reported by take(), which then builds synchronously
+            self.error = err
+        self.seconds = time.perf_counter() - started
+
+    def take(self, ids: list[str], vectors: np.ndarray):
+        """The index holding the first block, if it is the one these rows start with."""
+        waited = time.perf_counter()
+        self.thread.join()
+        self.waited = time.perf_counter() - waited
+        n = len(self.ids)
+        fits = (self.error is None and ids[:n] == self.ids and (len(ids) == n or ids[n][0] not in ("S", "T"))
+                and np.array_equal(vectors[:n], self.vectors))
+        return self.index if fits else None
+
+
+def _assemble(ws: Workspace, config: Config, early: _EarlyBlock | None = None) -> dict:
     """HNSW index, similarity edges, and the final nodes/edges tables."""
     nodes = _all_stage_nodes(ws).sort_by("id")
     ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
     vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
-    index = similarity_edges.build_index(vectors, config.hnsw)
+    started = early.take(ids, vectors) if early is not None else None
+    index = similarity_edges.build_index(vectors, config.hnsw, embed.block_sizes(ids), started)
     pairs = similarity_edges.base_layer_pairs(index)
     id_array = np.asarray(ids, dtype=object)
     similarity = pa.table(
@@ -442,4 +504,7 @@ def _assemble(ws: Workspace, config: Config) -> dict:
     write_parquet(indexed_documents_path(ws), ws.read_table(ws.path("documents.parquet")))
     hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
     return {"nodes": final.num_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
-            "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0)}
+            "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
+            "first_block_in_background": started is not None,
+            "first_block_seconds": round(getattr(early, "seconds", 0.0), 3),
+            "first_block_waited": round(getattr(early, "waited", 0.0), 3)}
