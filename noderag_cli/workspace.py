@@ -1,17 +1,28 @@
 """The workspace folder: paths, manifest, lock, atomic table I/O and the call cache.
 
-Layout (all written atomically: temporary file, fsync, rename):
+Layout (every file written atomically: temporary file, fsync, rename):
 
     config.yaml        effective config (env var names only, never secrets)
-    manifest.json      per stage: state, fingerprint, outputs' hash, timings, LLM stats
-    documents.parquet  one row per input file (see `index.chunk.DOCUMENT_COLUMNS`)
-    nodes.parquet      the heterograph's nodes (see `graph.NODE_COLUMNS`)
-    edges.parquet      its edges (see `graph.EDGE_COLUMNS`)
+    manifest.json      embedding model and dim; input folder; per stage: state (running|done),
+                       fingerprint (settings + upstream output digests), settings digest, outputs
+                       digest, seconds, LLM usage, vectors computed, stage counts
+    documents.parquet  one row per input file of the latest scan (see `index.chunk.DOCUMENT_SCHEMA`)
+    nodes.parquet      the heterograph's nodes (see `graph.NODE_SCHEMA`)
+    edges.parquet      its edges (see `graph.EDGE_SCHEMA`)
     vectors.faiss      HNSW index; row i is the node whose `vector_row` is i
-    stages/            each stage's own committed output tables
-    cache.sqlite       content-addressed cache of LLM calls, embeddings and per-chunk work
+    stages/            each stage's committed outputs; `similarity.documents.parquet` is the
+                       documents table the final tables were built from (the last complete build)
+    cache.sqlite       content-addressed cache: chunking per document content ("chunks"),
+                       decomposition per chunk ("decompose"), token counts ("tokens"), vectors
+                       ("embedding"), LLM calls ("llm"); entries are never stale, only unused
     noderag.log        what each run did
-    .lock              held (flock) by the one `index` run allowed at a time
+    .lock              held (flock) by the one `index` run allowed at a time; the kernel
+                       releases it when the process dies, however it dies
+
+A stage is marked done in the manifest only after all its outputs are written, so a
+killed run leaves at most a stage marked running, which the next run re-runs. The final
+tables (nodes, edges, vectors) are replaced only by the last stage, so queries keep
+seeing the previous complete build while an update runs.
 """
 
 from __future__ import annotations
