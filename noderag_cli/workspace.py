@@ -214,7 +214,10 @@ class Workspace:
         try:
             manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise WorkspaceError(f"workspace manifest {self.manifest_path} is corrupt: {err}") from err
+            raise WorkspaceError(
+                f"workspace manifest {self.manifest_path} is corrupt ({err}); remove it and run `noderag index` "
+                "to rebuild the tables (cached work is reused)"
+            ) from err
         if manifest.get("format_version") != FORMAT_VERSION:
             raise WorkspaceError(
                 f"workspace {self.root} has format version {manifest.get('format_version')}, this noderag reads {FORMAT_VERSION}"
