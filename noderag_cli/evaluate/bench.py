@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .. import api
 from .baselines import naive_rag
-from .datasets import is_yes_no, load_hotpotqa, load_musique
-from .metrics import answer_contained, support_recall
+from .datasets import load_hotpotqa, load_musique
+from .run import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADERS = {"musique": load_musique, "hotpotqa": load_hotpotqa}
@@ -60,28 +57,18 @@ def retrieval_section(data: Path, work: Path, rounds: int) -> list[str]:
             "naive": lambda q, b, r=retriever: naive_rag(r, q, b),
             "noderag": lambda q, b, r=retriever: r.retrieve(q, r.config.search.model_copy(update={"budget_tokens": b})),
         }
+        rows = {(row["strategy"], row["budget"]): row
+                for row in evaluate(methods, questions, list(BUDGETS), rounds=rounds)}
         for budget in BUDGETS:
-            medians = {}
-            for name, method in methods.items():
-                contained, recall, tokens, latency = [], [], [], []
-                for question in questions:
-                    timings = []
-                    for _ in range(rounds):
-                        result = method(question.question, budget)
-                        timings.append(result.timings["retrieval_ms"])
-                    latency.append(statistics.median(timings))
-                    if not is_yes_no(question):
-                        contained.append(answer_contained(result.context_text(), question.answers))
-                    share = support_recall(result, question.supporting_documents)
-                    if share is not None:
-                        recall.append(share)
-                    tokens.append(result.context_tokens)
-                medians[name] = (np.mean(contained), np.mean(recall), np.mean(tokens), statistics.median(latency),
-                                 float(np.percentile(latency, 95)))
-                c, r, t, m, p = medians[name]
-                lines.append(f"| {dataset} | {budget} | {name} | {c:.3f} | {r:.3f} | {t:.0f} | {m:.2f} | {p:.2f} |")
-            node, naive = medians["noderag"], medians["naive"]
-            summary.append((dataset, budget, node[0] - naive[0], node[1] - naive[1], node[3], node[3] / naive[3]))
+            for name in methods:
+                row = rows[(name, budget)]
+                lines.append(f"| {dataset} | {budget} | {name} | {row['answer_containment']:.3f} | "
+                             f"{row['support_recall']:.3f} | {row['mean_context_tokens']:.0f} | "
+                             f"{row['latency_median_ms']:.2f} | {row['latency_p95_ms']:.2f} |")
+            node, naive = rows[("noderag", budget)], rows[("naive", budget)]
+            summary.append((dataset, budget, node["answer_containment"] - naive["answer_containment"],
+                            node["support_recall"] - naive["support_recall"], node["latency_median_ms"],
+                            node["latency_median_ms"] / naive["latency_median_ms"]))
     lines += ["", "Targets (issue 5): NodeRAG at least 5 points above plain vector search on answer containment and "
               "support recall at both budgets on both sets; latency median under 20 ms and at most 5x plain vector search.",
               "", "| set | budget | containment gain (points) | recall gain (points) | NodeRAG median ms | ratio to plain search | all targets met |",

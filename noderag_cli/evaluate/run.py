@@ -15,21 +15,26 @@ Strategy = Callable[[str, int], Retrieval]
 
 
 def evaluate(strategies: dict[str, Strategy], questions: list[Question], budgets: list[int],
-             progress: Callable[[int], None] | None = None) -> list[dict]:
-    """One row per strategy and budget: answer containment, support recall, tokens, latency."""
+             progress: Callable[[int], None] | None = None, rounds: int = 1) -> list[dict]:
+    """One row per strategy and budget: answer containment, support recall, tokens, latency.
+    With rounds > 1 each question is retrieved that many times and its median latency kept
+    (retrieval is deterministic, so the metrics do not change)."""
     rows = []
     for name, strategy in strategies.items():
         for budget in budgets:
             contained, recall, tokens, latency = [], [], [], []
             for question in questions:
-                result = strategy(question.question, budget)
+                timings = []
+                for _ in range(rounds):
+                    result = strategy(question.question, budget)
+                    timings.append(result.timings.get("retrieval_ms", 0.0))
                 if not is_yes_no(question):
                     contained.append(answer_contained(result.context_text(), question.answers))
                 r = support_recall(result, question.supporting_documents)
                 if r is not None:
                     recall.append(r)
                 tokens.append(result.context_tokens)
-                latency.append(result.timings.get("retrieval_ms", 0.0))
+                latency.append(statistics.median(timings))
                 if progress:
                     progress(1)
             rows.append({
