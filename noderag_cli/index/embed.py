@@ -10,6 +10,8 @@ by id, then every A node by id, then every H node by id.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,15 +22,21 @@ BLOCKS = (("S", "T"), ("A",), ("H",))
 """The HNSW insertion blocks, in order; each block's rows are sorted by node id."""
 
 
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def embed_texts(embedder: Embedder, texts: list[str]) -> np.ndarray:
     """embedder.embed, fed distinct texts shortest first: batches of similar length pad less (the
-    bundled model pools over padded batches), and a text's vector does not depend on its batch."""
+    bundled model pools over padded batches), and a text's vector does not depend on its batch.
+    Vectors are also kept for the life of the embedder, so stages of one run that need the same
+    texts (units for K-means, the embed stage, the first HNSW block) look them up only once."""
     if not texts:
         return embedder.embed([])
-    distinct = sorted(set(texts), key=lambda t: (len(t), t))
-    vectors = embedder.embed(distinct)
-    row = {text: i for i, text in enumerate(distinct)}
-    return vectors[[row[t] for t in texts]]
+    memo = _MEMO.setdefault(embedder, {})
+    missing = sorted(set(texts).difference(memo), key=lambda t: (len(t), t))
+    if missing:
+        memo.update(zip(missing, embedder.embed(missing), strict=True))
+    return np.stack([memo[t] for t in texts])
 
 
 def ordered(nodes: pa.Table) -> list[pa.Table]:

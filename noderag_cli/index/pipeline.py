@@ -368,9 +368,9 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         nodes, edges = decompose.build_graph(units)
         if run.want_early_block:  # S and T are known: start the first HNSW block in the background
             run.early = _EarlyBlock(nodes, chunks, config, embedder)
-        # vectors of every S and T text now: K-means and the embed stage find them in the cache
-        embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
-                          + chunks["text"].to_pylist())
+        else:  # vectors of every S and T text now: K-means and the embed stage find them in the cache
+            embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
+                              + chunks["text"].to_pylist())
         nodes = nodes.set_column(nodes.schema.get_field_index("tokens"), "tokens",
                                  pa.array(counter(nodes["text"].to_pylist()), pa.int32()))
         _commit(ws, stage, nodes, edges, failures)
