@@ -46,6 +46,12 @@ class Embedder:
         vectors = self._load().embed(texts, norm=True, batch_size=self.config.batch_size)
         return np.asarray(vectors, dtype=np.float32)
 
+    def embed_query(self, text: str) -> np.ndarray:
+        """One L2-normalised vector, uncached: the query path's hot call."""
+        vector = self._compute([text])[0].astype(np.float32)
+        norm = np.linalg.norm(vector)
+        return vector / norm if norm else vector
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text, cached."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)

@@ -32,6 +32,19 @@ def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
     return keep[order][:k]
 
 
+def top_per_group(scores: np.ndarray, groups: np.ndarray, eligible: np.ndarray, quotas: dict[int, int]) -> np.ndarray:
+    """Positions of the quota best-scoring eligible items of each group (positive scores only),
+    ties by position: one sort for all groups."""
+    candidates = np.flatnonzero(eligible & (scores > 0))
+    order = candidates[np.lexsort((candidates, -scores[candidates], groups[candidates]))]
+    sorted_groups = groups[order]
+    picked = []
+    for group, quota in quotas.items():
+        lo, hi = np.searchsorted(sorted_groups, [group, group + 1])
+        picked.append(order[lo : min(hi, lo + quota)])
+    return np.concatenate(picked) if picked else np.zeros(0, np.int64)
+
+
 def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
                texts: np.ndarray | None = None) -> np.ndarray:
     """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would

@@ -30,14 +30,28 @@ def _step(walked, pi, p, alpha: float, variant: str):
     return alpha * p + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
 
 
-def shallow_ppr(transition_p: sp.csr_matrix, personalization: np.ndarray, alpha: float, iterations: int,
-                variant: str = "paper") -> np.ndarray:
-    """A step is a sparse row vector times CSR P (x^T P = (P^T x)^T): its cost follows the mass, not the graph."""
-    p = sp.csr_matrix((personalization / personalization.sum()).reshape(1, -1))
+def _walk(transition_p: sp.csr_matrix, rows: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """mass^T P for mass on `rows` only: gathers those rows of P and sums them into a dense vector."""
+    starts = transition_p.indptr[rows]
+    counts = transition_p.indptr[rows + 1] - starts
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+    weights = transition_p.data[offsets] * np.repeat(mass, counts)
+    return np.bincount(transition_p.indices[offsets], weights=weights, minlength=transition_p.shape[0])
+
+
+def shallow_ppr(transition_p: sp.csr_matrix, entries: np.ndarray, alpha: float, iterations: int,
+                variant: str = "paper") -> tuple[np.ndarray, np.ndarray]:
+    """PPR from a uniform start on `entries`, as (support rows sorted, scores). A step reads only the
+    rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph."""
+    entries = np.unique(entries)
+    p = np.zeros(transition_p.shape[0])
+    p[entries] = 1.0 / len(entries)
     pi = p
+    support = entries
     for _ in range(iterations):
-        pi = _step(pi @ transition_p, pi, p, alpha, variant)
-    return pi.toarray().ravel()
+        pi = _step(_walk(transition_p, support, pi[support]), pi, p, alpha, variant)
+        support = np.flatnonzero(pi)
+    return support, pi[support]
 
 
 def personalized_pagerank(

@@ -24,6 +24,11 @@ from .entry import NameIndex
 from .ppr import shallow_ppr, transition
 
 MAX_QUESTION_CHARS = 20_000
+PREFILTER = 4  # walk_similarity: candidates per quota slot scored by similarity
+TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
+MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
+LEADER_CODES = [TYPE_CODE["N"], TYPE_CODE["O"]]
+LED_CODES = [TYPE_CODE["A"], TYPE_CODE["H"]]
 
 
 class QueryError(ValueError):
@@ -111,6 +116,9 @@ class Retriever:
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
         self.names = NameIndex([name_texts[i] for i in names.tolist()], names)
         self.rows_by_type = {t: np.flatnonzero(self.types == t) for t in "TSNRAHO"}
+        self.type_codes = np.zeros(len(self.ids), dtype=np.int8)
+        for node_type, code in TYPE_CODE.items():
+            self.type_codes[self.rows_by_type[node_type]] = code
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
 
     # vector side ---------------------------------------------------------------
@@ -136,7 +144,7 @@ class Retriever:
         return self.node_of_vector[rows[0][keep]], scores[0][keep]
 
     def embed_question(self, question: str) -> np.ndarray:
-        return self.embedder.embed([question])[0]
+        return self.embedder.embed_query(question)
 
     # the search ------------------------------------------------------------------
     def check_question(self, question: str) -> str:
@@ -186,54 +194,65 @@ class Retriever:
             return result
 
         t0 = time.perf_counter()
-        personalization = np.zeros(len(self.ids), dtype=np.float64)
-        personalization[entries] = 1.0
-        scores = shallow_ppr(self.transition, personalization, params.ppr_alpha, params.ppr_iterations,
-                             params.ppr_variant)
-        if params.rank == "walk_similarity":
-            scores = self.walk_similarity(scores, personalization, params.ppr_alpha, query_vector)
+        support, mass = shallow_ppr(self.transition, entries, params.ppr_alpha, params.ppr_iterations,
+                                    params.ppr_variant)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        rows = self.select(scores, entries, params)
-        kept = context.fit_budget(rows, scores[rows], self.tokens, params.budget_tokens, self.texts)
+        rows, relevance = self.select(support, mass, entries, params, query_vector)
+        kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, self.texts)
+        scores = np.zeros(len(self.ids), dtype=np.float64)
+        scores[rows] = relevance
         result.nodes = self.nodes_for(kept, scores)
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
 
-    def walk_similarity(self, ppr: np.ndarray, personalization: np.ndarray, alpha: float,
-                        query_vector: np.ndarray) -> np.ndarray:
-        """Graph evidence times relevance: the PPR mass that arrived by walking (the teleport
-        share alpha*p removed, else every entry point outranks every cross node), times the
-        node's similarity to the question. R nodes, never embedded, keep their walk mass
-        scaled by the mean similarity of the candidates, so they rank on one scale with the rest."""
-        walk = np.maximum(ppr - alpha * personalization / personalization.sum(), 0.0)
-        similarity = np.zeros(len(self.ids), dtype=np.float64)
-        reached = np.flatnonzero((walk > 0) & (self.vector_of_node >= 0))
-        similarity[reached] = np.maximum(np.einsum("ij,j->i", self.vectors[self.vector_of_node[reached]], query_vector), 0.0)
-        relevance = np.sqrt(walk) * similarity
-        not_embedded = self.vector_of_node < 0
-        typical = similarity[reached].mean() if len(reached) else 0.0
-        relevance[not_embedded] = np.sqrt(walk[not_embedded]) * typical * 0.5
-        return relevance
+    def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
+               query_vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
+        each is ranked by in the context. Works on the walk's support only, never the whole graph.
 
-    def select(self, scores: np.ndarray, entries: np.ndarray, params: SearchConfig) -> np.ndarray:
-        """Entry points and cross nodes, restricted to retrievable types (paper §2.5 steps 3-4)."""
-        not_entry = np.ones(len(self.ids), dtype=bool)
-        not_entry[entries] = False
-        picked = [entries]
-        for node_type, quota in params.quotas().items():
-            candidates = self.rows_by_type[node_type]
-            picked.append(context.top_rows(scores, candidates[not_entry[candidates]], quota))
-        # entity and overview nodes count for what they lead to: A of N, H of O
-        leaders = np.concatenate([entries[np.isin(self.types[entries], ["N", "O"])],
-                                  context.top_rows(scores, self.rows_by_type["N"], params.cross_a)])
+        rank "ppr" (the paper): cross nodes are the top PPR scores per type, ranked by PPR.
+        rank "walk_similarity": a node's walk mass is its PPR score less its own teleport share
+        (alpha/|entries| for an entry point, which would otherwise outrank every cross node);
+        the PREFILTER x quota nodes of each type with the most walk mass are scored by
+        sqrt(walk) x similarity to the question and the quota best are kept. R nodes, never
+        embedded, take the pool's mean similarity at half weight, on one scale with the rest.
+        Entity and overview nodes count for what they lead to: the A nodes of matched or
+        top-scoring N nodes, the H nodes of matched O nodes."""
+        codes = self.type_codes[support]
+        is_entry = np.zeros(len(support), dtype=bool)
+        is_entry[np.searchsorted(support, entries)] = True
+        walk = mass.copy()
+        similarity_rank = params.rank == "walk_similarity"
+        if similarity_rank:
+            walk[is_entry] = np.maximum(walk[is_entry] - params.ppr_alpha / len(entries), 0.0)
+        quotas = {TYPE_CODE[t]: q * (PREFILTER if similarity_rank else 1) for t, q in params.quotas().items()}
+        quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
+        cross = context.top_per_group(walk, codes, ~is_entry, quotas)
+        leaders = np.concatenate([np.flatnonzero(is_entry & np.isin(codes, LEADER_CODES)),
+                                  cross[codes[cross] == TYPE_CODE["N"]]])
+        led = np.zeros(0, np.int64)
         if len(leaders):
-            reached = self.adjacency[leaders].indices
-            picked.append(reached[np.isin(self.types[reached], ["A", "H"])])
-        rows = np.unique(np.concatenate(picked))
-        return rows[np.isin(self.types[rows], ["T", "S", "A", "H", "R"])]
+            reached = self.adjacency[support[leaders]].indices
+            reached = np.unique(reached[np.isin(self.type_codes[reached], LED_CODES)])
+            led = np.searchsorted(support, reached)  # reached from a node with mass: always in the support
+        retrievable_entries = np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE))
+        pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
+        if not similarity_rank:
+            return support[pool], mass[pool]
+
+        vector_rows = self.vector_of_node[support[pool]]
+        embedded = vector_rows >= 0
+        similarity = np.zeros(len(pool))
+        similarity[embedded] = np.maximum(np.einsum("ij,j->i", self.vectors[vector_rows[embedded]], query_vector), 0.0)
+        similarity[~embedded] = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
+        score = np.sqrt(walk[pool]) * similarity
+        final_quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
+        kept = context.top_per_group(score, codes[pool], ~is_entry[pool], final_quotas)
+        chosen = np.unique(np.concatenate([np.searchsorted(pool, retrievable_entries), np.searchsorted(pool, led), kept]))
+        return support[pool[chosen]], score[chosen]
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         rank = {t: i for i, t in enumerate(context.TYPE_ORDER)}
