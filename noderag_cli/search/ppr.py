@@ -2,10 +2,9 @@
 
 paper: pi_t = alpha * p + (1 - alpha) * P^T pi_(t-1), pi_0 = p
 lazy:  pi_t = alpha * P^T pi_(t-1) + (1 - alpha) * pi_(t-1)   (the reference code's walk)
-P is the row-normalised weighted adjacency, built once per workspace load.
-`shallow_ppr` is the query path: a fixed, small number of steps from a few entry points
-reads only the rows of P that carry mass. `personalized_pagerank` is the dense form,
-which also runs to convergence (iterations=None, the "deep PPR" ablation).
+P is the row-normalised weighted adjacency, built once per workspace load. A fixed, small
+number of steps from a few entry points reads only the rows of P that carry mass. "Deep"
+PPR (the ablation) is the same walk with enough steps to converge (evaluate/variants.py).
 """
 
 from __future__ import annotations
@@ -19,11 +18,6 @@ def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
     degree = np.asarray(adjacency.sum(axis=1)).ravel()
     inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
     return (sp.diags(inverse) @ adjacency).tocsr()
-
-
-def transition_transpose(adjacency: sp.csr_matrix) -> sp.csr_matrix:
-    """P^T, CSR, for the dense iteration."""
-    return transition(adjacency).T.tocsr()
 
 
 def _step(walked, pi, p, alpha: float, variant: str):
@@ -52,18 +46,3 @@ def shallow_ppr(transition_p: sp.csr_matrix, entries: np.ndarray, alpha: float, 
         pi = _step(_walk(transition_p, support, pi[support]), pi, p, alpha, variant)
         support = np.flatnonzero(pi)
     return support, pi[support]
-
-
-def personalized_pagerank(
-    transition_t: sp.csr_matrix, personalization: np.ndarray, alpha: float, iterations: int | None,
-    variant: str = "paper", tolerance: float = 1e-8, max_iterations: int = 200,
-) -> np.ndarray:
-    p = personalization / personalization.sum() if personalization.sum() > 0 else personalization
-    pi = p.copy()
-    for _ in range(max_iterations if iterations is None else iterations):
-        nxt = _step(transition_t @ pi, pi, p, alpha, variant)
-        converged = np.abs(nxt - pi).sum() < tolerance
-        pi = nxt
-        if iterations is None and converged:
-            break
-    return pi
