@@ -19,11 +19,12 @@ from ..nlp import STOPWORDS
 
 _WORDS = re.compile(r"[\w\u00c0-\u024f]+(?:['\u2019.\-][\w\u00c0-\u024f]+)*")
 MAX_NAME_WORDS = 12
+_POSSESSIVE = re.compile(r"['\u2019]s\b")
 
 
 def name_words(name: str) -> tuple[str, ...]:
-    """Normalised words with diacritics folded, so "Aschenbrodel" finds "Aschenbrödel"."""
-    folded = unicodedata.normalize("NFKD", normalize_name(name))
+    """Normalised words, possessives dropped and diacritics folded: "Aschenbrodel's" finds "Aschenbrödel"."""
+    folded = unicodedata.normalize("NFKD", _POSSESSIVE.sub("", normalize_name(name)))
     return tuple(_WORDS.findall("".join(c for c in folded if not unicodedata.combining(c))))
 
 

@@ -1,0 +1,69 @@
+"""The search's parts against their definitions: PPR, per-type selection, budget, name matching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from noderag_cli.search.context import fit_budget, sentence_keys, top_per_group
+from noderag_cli.search.entry import NameIndex
+from noderag_cli.search.ppr import shallow_ppr, transition
+
+
+def dense_ppr(adjacency: np.ndarray, entries, alpha: float, iterations: int, variant: str) -> np.ndarray:
+    """The paper's formula, written out with dense matrices."""
+    degree = adjacency.sum(axis=1, keepdims=True)
+    p_matrix = np.divide(adjacency, degree, out=np.zeros_like(adjacency), where=degree > 0)
+    p = np.zeros(len(adjacency))
+    p[entries] = 1 / len(entries)
+    pi = p.copy()
+    for _ in range(iterations):
+        walked = p_matrix.T @ pi
+        pi = alpha * p + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
+    return pi
+
+
+@pytest.mark.parametrize("variant", ["paper", "lazy"])
+@pytest.mark.parametrize("iterations", [1, 2, 5])
+def test_shallow_ppr_equals_the_formula(variant, iterations):
+    rng = np.random.default_rng(7)
+    upper = np.triu(rng.random((60, 60)) * (rng.random((60, 60)) < 0.08), 1)
+    adjacency = upper + upper.T
+    entries = np.array([3, 17, 42])
+    support, mass = shallow_ppr(transition(sp.csr_matrix(adjacency)), entries, 0.5, iterations, variant)
+    got = np.zeros(60)
+    got[support] = mass
+    np.testing.assert_allclose(got, dense_ppr(adjacency, entries, 0.5, iterations, variant), atol=1e-12)
+    assert np.all(np.diff(support) > 0) and np.all(mass > 0)
+    assert got.sum() == pytest.approx(dense_ppr(adjacency, entries, 0.5, iterations, variant).sum())
+
+
+def test_top_per_group_takes_the_best_of_each_group_ties_by_position():
+    scores = np.array([0.5, 0.9, 0.9, 0.1, 0.0, 0.7, 0.3])
+    groups = np.array([0, 0, 0, 1, 1, 1, 2])
+    eligible = np.array([True, True, True, True, True, True, False])
+    picked = top_per_group(scores, groups, eligible, {0: 2, 1: 5, 2: 1})
+    assert picked.tolist() == [1, 2, 5, 3]  # group 1 drops its zero score; group 2 is not eligible
+
+
+def test_budget_is_never_exceeded_and_repeated_statements_are_skipped():
+    texts = np.array(["Vessmouth: The town was founded in 1641.", "The town was founded in 1641. It grew fast.",
+                      "Edda Marrow: She was born on Skarra.", "x" * 10], dtype=object)
+    tokens = np.array([10, 12, 9, 50])
+    rows = np.arange(4)
+    kept = fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, 40, texts)
+    assert kept.tolist() == [0, 1, 2]  # row 1 brings one new sentence of two: kept; row 3 would overflow
+    kept = fit_budget(np.array([1, 0]), np.array([0.9, 0.8]), tokens, 40, texts)
+    assert kept.tolist() == [1]  # row 0's only sentence is already in row 1
+    assert sentence_keys("A: B: Some statement here. Another one here!") == {"some statement here.", "another one here!"}
+
+
+def test_names_match_longest_first_whole_words_and_fold_diacritics():
+    names = ["Summer Olympics", "Summer", "Olympics", "Aschenbrödel", "Ten", "Nobel Prize"]
+    index = NameIndex(names, np.arange(len(names)))
+    assert index.match("the 1920 Summer Olympics") == [0]
+    assert index.match("Who wrote Aschenbrodel?") == [3]
+    assert index.match("a tenant", require_capital=True) == []  # "ten" is not a whole word here
+    assert index.match("the Nobel Prize's history") == [5]
+    assert index.match("summer is warm", require_capital=True) == []  # lower-case one-word n-gram
