@@ -249,6 +249,7 @@ class Retriever:
         similarity[embedded] = np.maximum(np.einsum("ij,j->i", self.vectors[vector_rows[embedded]], query_vector), 0.0)
         similarity[~embedded] = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
         score = np.sqrt(walk[pool]) * similarity
+        score[codes[pool] == TYPE_CODE["T"]] *= params.chunk_weight
         final_quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
         kept = context.top_per_group(score, codes[pool], ~is_entry[pool], final_quotas)
         chosen = np.unique(np.concatenate([np.searchsorted(pool, retrievable_entries), np.searchsorted(pool, led), kept]))
