@@ -149,9 +149,10 @@ def merge_edges(tables: list[pa.Table]) -> pa.Table:
     Pairs are coded as integers over the sorted ids, so the whole merge is numpy sorts and
     bincounts (the final merge of MuSiQue's 230k edges takes ~50 ms).
     """
-    table = pa.concat_tables([t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows])
-    if table.num_rows == 0:
+    parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
+    if not parts:
         return empty_edges()
+    table = pa.concat_tables(parts)
     table = table.combine_chunks()
     ends = pa.concat_arrays([table["source"].chunk(0), table["target"].chunk(0)])
     ids = pc.unique(ends)

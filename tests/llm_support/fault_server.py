@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -74,6 +75,23 @@ def _user_text(body: dict) -> str:
 
 _NOT_NAMES = {"Text", "Title", "Question", "Context", "Entity", "Statements", "The", "A", "An", "It", "In", "She",
               "He", "They", "Who", "Whom", "What", "When", "Where", "Which", "Why", "How"}
+
+
+def rich_content(body: dict) -> dict:
+    """Like good_content, but a decomposition with one unit per sentence of the input and the
+    capitalised words of each as entities: a graph with important entities and communities,
+    still a pure function of the request."""
+    if _task_of(body) != "decompose":
+        return good_content(body)
+    units = []
+    for sentence in re.split(r"(?<=[.!?])\s+", _user_text(body))[:40]:
+        words = [w.strip(".,;:!?()\"'") for w in sentence.split()]
+        names = list(dict.fromkeys(w for w in words if w[:1].isupper() and w not in _NOT_NAMES and len(w) > 2))[:4]
+        if len(names) < 2 or len(sentence) < 20:
+            continue
+        units.append({"text": sentence, "entities": names,
+                      "relations": [{"source": names[0], "relation": "relates to", "target": names[1]}]})
+    return {"units": units or good_content(body)["units"]}
 
 
 def good_content(body: dict) -> dict:
@@ -250,8 +268,9 @@ class FaultServer:
             return self._embeddings(body)
         if kind == "good" and self.upstream:
             return self._forward(path, raw)
-        good = json.dumps(good_content(body))
+        good = json.dumps(rich_content(body) if kind == "rich" else good_content(body))
         content = {
+            "rich": good,
             "good": good,
             "truncated": good[: max(1, len(good) // 2)],
             "wrong_shape": json.dumps({"result": "nothing", "items": 3}),

@@ -1,0 +1,73 @@
+"""Incremental indexing with an LLM engine pays only for what changed.
+
+The engine is litellm against our fault-injecting OpenAI-compatible server on 127.0.0.1, in
+its deterministic "rich" mode (a valid reply derived from each request's input: one unit
+per sentence, capitalised words as entities), so
+the same request always gets the same answer and a fresh build can be compared with an
+update table for table.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SAMPLE_CORPUS, assert_same_tables, index
+from llm_support.fault_server import FaultServer, _task_of
+
+DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md", "vessmouth.md"]
+
+
+@pytest.fixture
+def server():
+    with FaultServer(default="rich") as srv:
+        yield srv
+
+
+def _config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "fault.yaml"
+    path.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": url,
+                                            "timeout_seconds": 10, "retries": 2, "concurrency": 4}}))
+    return path
+
+
+def _requests(server: FaultServer) -> list[tuple[str, str]]:
+    """(task, request body) of every task call the server saw, the connection check left out."""
+    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True))
+            for r in server.completions() if _task_of(r.body)]
+
+
+def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
+    folder = tmp_path / "docs"
+    for name in DOCS:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+    config = _config(tmp_path, server.url)
+    ws = tmp_path / "ws"
+    index(ws, folder, "--config", config)
+    first = _requests(server)
+    assert {task for task, _ in first} >= {"decompose", "attributes", "community_elements"}
+    assert sum(task == "decompose" for task, _ in first) == len(DOCS)
+
+    # change one document: only its chunk is decomposed again
+    changed = folder / "vessmouth.md"
+    changed.write_text(changed.read_text() + "\nThe harbour master's office moved to the Custom House in 1911.\n")
+    server.reset()
+    index(ws, folder, "--config", config)
+    second = _requests(server)
+    assert sum(task == "decompose" for task, _ in second) == 1
+    assert not set(second) & set(first), "an update re-sent a request whose reply is cached"
+    assert len(second) < len(first) / 2, f"{len(second)} calls to update one document of {len(DOCS)}"
+
+    # nothing changed: no task call at all
+    server.reset()
+    index(ws, folder, "--config", config)
+    assert _requests(server) == []
+
+    # and the update equals a fresh build of the final folder (same deterministic replies)
+    fresh = tmp_path / "fresh"
+    index(fresh, folder, "--config", config)
+    assert_same_tables(ws, fresh)
