@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pyarrow.compute as pc
+import yaml
 
 from .config import Config, SearchConfig, load_config
 from .embeddings import Embedder
@@ -93,13 +94,19 @@ class Session:
 
 def open_workspace(workspace: str | Path, config: Config | None = None, config_path: Path | None = None,
                    overrides: dict | None = None) -> Session:
-    """Load a workspace for search. Embedding settings always come from the workspace itself."""
+    """Load a workspace for search. A config file given here that names no embedding section
+    searches with the workspace's own embedding model; one that names another model is refused."""
     ws = Workspace(Path(workspace))
     if not ws.root.is_dir():
         raise WorkspaceError(f"workspace not found: {ws.root}")
     own = workspace_config(ws)
-    config = config or load_config(config_path, overrides) if (config_path or config) else workspace_config(ws, None, overrides)
-    if config.embedding != own.embedding:
+    if config is None and config_path is not None:
+        config = load_config(config_path, overrides)
+        if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
+            config = config.model_copy(update={"embedding": own.embedding})
+    elif config is None:
+        config = workspace_config(ws, None, overrides)
+    if _model_of(config.embedding) != _model_of(own.embedding):
         raise WorkspaceError(
             f"workspace {ws.root} was indexed with embedding {own.embedding.backend}:{own.embedding.model}; "
             "the config asks for another model"
@@ -107,6 +114,10 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
     embedder = Embedder(config.embedding, None)
     engine = make_engine(config, ws, embedder)
     return Session(Retriever(ws, config, engine, embedder))
+
+
+def _model_of(embedding) -> tuple:
+    return embedding.backend, embedding.model, embedding.dim
 
 
 def query(workspace: str | Path, question: str, answer: bool = True, config: Config | None = None) -> Retrieval:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import EmbeddingConfig
+from .config import ConfigError, EmbeddingConfig
 from .workspace import Cache
 
 
@@ -33,9 +33,16 @@ class Embedder:
             from wordllama import WordLlama
 
             package = Path(wordllama.__file__).parent
-            self._model = WordLlama.load(
-                config=self.config.model, dim=self.config.dim, cache_dir=package, disable_download=True
-            )
+            try:
+                self._model = WordLlama.load(
+                    config=self.config.model, dim=self.config.dim, cache_dir=package, disable_download=True
+                )
+            except (FileNotFoundError, ValueError, KeyError) as err:
+                bundled = sorted(p.stem for p in (package / "weights").glob("*.safetensors"))
+                raise ConfigError(
+                    f"embedding model {self.config.model} with dim {self.config.dim} is not bundled with wordllama "
+                    f"(bundled: {', '.join(bundled)}); nothing is downloaded at run time"
+                ) from err
         return self._model
 
     def _compute(self, texts: list[str]) -> np.ndarray:

@@ -153,3 +153,22 @@ def test_missing_question_file_and_malformed_lines(workspace, tmp_path):
     assert run.returncode == 0
     assert len(run.stdout.splitlines()) == 1
     assert ":2:" in run.stderr and ":3:" in run.stderr
+
+
+def test_a_search_only_config_keeps_the_workspace_embedding(tmp_path):
+    ws = tmp_path / "ws"
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump({"embedding": {"batch_size": 64}}))
+    api.index(ws, CORPUS, config=api.load_config(config))
+    search_only = tmp_path / "search.yaml"
+    search_only.write_text(yaml.safe_dump({"search": {"budget_tokens": 300}}))
+    run = noderag("query", str(ws), "Who founded Vessmouth?", "--json", "--context-only", "--config", str(search_only))
+    assert run.returncode == 0, run.stderr
+    assert 0 < json.loads(run.stdout)["context_tokens"] <= 300
+
+
+def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
+    config = tmp_path / "dim64.yaml"
+    config.write_text(yaml.safe_dump({"embedding": {"dim": 64}}))
+    run = noderag("index", str(tmp_path / "ws"), "--input", str(CORPUS), "--config", str(config))
+    assert run.returncode == 2 and "not bundled" in run.stderr and "Traceback" not in run.stderr
