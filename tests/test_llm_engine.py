@@ -51,8 +51,11 @@ from noderag_cli.engines.llm import (  # noqa: E402
     CACHE_NS,
     EngineError,
     LiteLLMEngine,
+    _litellm,
+    count_tokens,
     estimate_cost,
     litellm_embed,
+    price_of,
     prompt_tokens_for,
 )
 
@@ -183,6 +186,37 @@ def test_estimate_cost_and_prompt_tokens():
     assert not unknown["price_known"] and unknown["note"] == "unknown price"
     assert unknown["total"]["cost_usd"] is None and unknown["tasks"]["answer"]["cost_usd"] is None
 
+
+
+def test_token_count_reuses_the_system_prompt_yet_equals_litellms_count():
+    # count_tokens counts a task's system prompt once and adds the rest; litellm's own count of
+    # the whole request must come out the same, for any routing and message shape the engine sends
+    from noderag_cli.engines import prompts
+
+    first = prompts.build_messages("decompose", CHUNKS[0])
+    shapes = [
+        first,
+        prompts.build_messages("decompose", CHUNKS[1]),
+        prompts.build_messages("answer", ("Who?", "Ada met Bob.")),
+        [*first, {"role": "assistant", "content": '{"units": ['},
+         {"role": "user", "content": prompts.correction_message("the reply is not complete JSON")}],
+        first[1:],  # no system message
+        [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Two system turns."},
+         {"role": "user", "content": "Hi"}],
+    ]
+    lt = _litellm()
+    for model in ("openai/my-local-model", "gpt-4o-mini", "ollama_chat/qwen2.5:7b"):
+        for messages in shapes:
+            assert count_tokens(model, messages) == int(lt.token_counter(model=model, messages=messages))
+
+
+def test_price_lookups_are_remembered_but_unchanged():
+    assert price_of("openai/my-local-model", 100, 10) is None
+    assert price_of("openai/my-local-model", 200, 20) is None  # remembered as unpriced
+    prompt_cost, completion_cost = _litellm().cost_per_token(model="gpt-4o-mini", prompt_tokens=1234,
+                                                             completion_tokens=56)
+    assert price_of("gpt-4o-mini", 1234, 56) == pytest.approx(prompt_cost + completion_cost)
+    assert price_of("gpt-4o-mini", 1234, 56) == price_of("gpt-4o-mini", 1234, 56)
 
 # --------------------------------------------------------------------------- fault server
 pytestmark_llm = pytest.mark.llm

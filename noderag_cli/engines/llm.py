@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import hashlib
 import json
 import logging
@@ -362,6 +363,7 @@ class LiteLLMEngine:
         self._structured = "json_schema" if config.structured_output else "none"
         self._semaphore: asyncio.Semaphore | None = None
         self._provider: str | None = None
+        self._key_formats: dict[str, dict | None] = {}
 
     # -- configuration checks ------------------------------------------------------
     def _api_key(self) -> str | None:
@@ -475,8 +477,15 @@ class LiteLLMEngine:
             "messages": messages,
             "temperature": self.config.temperature,
             "max_output_tokens": self.config.max_output_tokens,
-            "response_format": prompts.response_format_for(task, "json_schema" if self.config.structured_output else "none"),
+            "response_format": self._key_format(task),
         })
+
+    def _key_format(self, task: str) -> dict | None:
+        """The response_format part of `request_key`, built once per task (it is only serialised)."""
+        if task not in self._key_formats:
+            mode = "json_schema" if self.config.structured_output else "none"
+            self._key_formats[task] = prompts.response_format_for(task, mode)
+        return self._key_formats[task]
 
     def _batch(self, task: str, items: list, progress: Progress | None) -> list:
         if not items:
@@ -662,11 +671,29 @@ def route_model(model: str, api_base: str | None = None) -> str:
         ) from None
 
 
+_UNPRICED: set[str] = set()
+"""Models litellm's local price table has no price for (the table does not change during a run)."""
+
+
 def price_of(model: str, input_tokens: int, output_tokens: int) -> float | None:
-    """USD for the tokens from litellm's local price table; None when the model has no price."""
+    """USD for the tokens from litellm's local price table; None when the model has no price.
+
+    The lookup costs about 0.1 ms, so a model found without a price is remembered as such and
+    the prices of recent (model, tokens) triples are reused.
+    """
+    if model in _UNPRICED:
+        return None
+    cost = _price(model, int(input_tokens), int(output_tokens))
+    if cost is None:
+        _UNPRICED.add(model)
+    return cost
+
+
+@functools.lru_cache(maxsize=4096)
+def _price(model: str, input_tokens: int, output_tokens: int) -> float | None:
     try:
         prompt_cost, completion_cost = _litellm().cost_per_token(
-            model=model, prompt_tokens=int(input_tokens), completion_tokens=int(output_tokens)
+            model=model, prompt_tokens=input_tokens, completion_tokens=output_tokens
         )
     except Exception:
         return None
@@ -674,12 +701,37 @@ def price_of(model: str, input_tokens: int, output_tokens: int) -> float | None:
 
 
 def count_tokens(model: str, messages: list[dict]) -> int:
-    """Prompt tokens of a request as litellm counts them (tiktoken where the model's tokenizer is unknown)."""
+    """Prompt tokens of a request as litellm counts them (tiktoken where the model's tokenizer is unknown).
+
+    litellm's count is additive: a fixed part (which depends only on whether a system message is
+    present) plus one term per message. The system prompt is the same for every item of a task,
+    so its term is counted once per model and reused; the other messages are counted each time.
+    """
+    system = messages[0] if messages else None
+    if (system is None or len(messages) == 1 or system.keys() != {"role", "content"} or system["role"] != "system"
+            or not isinstance(system["content"], str) or any(m.get("role") == "system" for m in messages[1:])):
+        return _count_all(model, messages)
+    # count([system, *rest]) = count([system]) + count(rest) - count([]): the fixed part without a
+    # system message is in count(rest) and in count([]); the one with it is in count([system])
+    return _count_system(model, system["content"]) + _count_all(model, messages[1:]) - _count_empty(model)
+
+
+def _count_all(model: str, messages: list[dict]) -> int:
     lt = _litellm()
     try:
         return int(lt.token_counter(model=model, messages=messages))
     except Exception:
         return int(lt.token_counter(model="gpt-4o-mini", messages=messages))
+
+
+@functools.lru_cache(maxsize=256)
+def _count_system(model: str, content: str) -> int:
+    return _count_all(model, [{"role": "system", "content": content}])
+
+
+@functools.lru_cache(maxsize=64)
+def _count_empty(model: str) -> int:
+    return _count_all(model, [])
 
 
 def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-mini") -> list[int]:
