@@ -8,10 +8,12 @@
    6 requests, 15 requests): the same ratio of requests to window, so the same shape of run,
    in a tenth of the time. The limiter's safety margin is a larger share of a short window
    (0.25 s of 6 s versus 1 s of 60 s), so the quick run's rate is a little lower.
-2. Overhead: the engine's own time (prompt building, token counting, limiter, parsing, cache
-   reads and writes) as a share of wall time, (a) when every item is a cache hit, and (b) when
-   the server answers at once (time inside litellm.acompletion, i.e. litellm plus HTTP, is
-   measured by wrapping it and subtracted; concurrency 1 so the times add up).
+2. Overhead: the engine's own time as a share of wall time when the server answers at once
+   (concurrency 1 so the times add up): wall time minus the time spent awaiting
+   litellm.acompletion (litellm plus HTTP, timed around the await), split by timing each
+   coroutine step on the event-loop thread into the engine's code, litellm's per-call logging
+   task, and the rest (event loop, HTTP callbacks outside the await, GIL waits); plus the
+   all-cache-hits case and concurrency 8. Medians of `--repeats` runs of `--items` new items.
 
     PYTHONPATH=. python tests/llm_support/bench_llm.py [--quick]
 
@@ -21,6 +23,7 @@ Prints Markdown tables on stdout; exits non-zero when a limit was exceeded or an
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -87,77 +90,162 @@ def bench_rate_limit(quick: bool) -> tuple[list[str], bool]:
     return lines, ok
 
 
-def bench_overhead(n: int) -> list[str]:
-    lt = llm._litellm()
-    inside = {"seconds": 0.0}
-    counting = {"seconds": 0.0}
-    real_acompletion = lt.acompletion
-    real_count = llm.count_tokens
+_OPEN_STEPS: list[list[float]] = []
+"""Per step in progress on the loop thread: the time of the steps nested inside it so far."""
+
+
+class _Steps:
+    """Awaitable that runs `coro` and adds the time its steps take on the loop thread to `acc[key]`.
+
+    A step is one resumption of the coroutine (everything it runs until it next waits), so time
+    spent waiting (for the server, a lock, a sleep) is not counted. Steps are exclusive: a step of
+    another measured coroutine run inside one (awaited directly rather than as its own task) is
+    counted for that coroutine only.
+    """
+
+    def __init__(self, coro, acc: dict, key: str):
+        self.coro, self.acc, self.key = coro, acc, key
+
+    def _step(self, value, error):
+        _OPEN_STEPS.append([0.0])
+        start = time.perf_counter()
+        try:
+            return self.coro.throw(error) if error is not None else self.coro.send(value)
+        finally:
+            elapsed = time.perf_counter() - start
+            self.acc[self.key] += elapsed - _OPEN_STEPS.pop()[0]
+            if _OPEN_STEPS:
+                _OPEN_STEPS[-1][0] += elapsed
+
+    def __await__(self):
+        value = error = None
+        while True:
+            try:
+                yielded = self._step(value, error)
+            except StopIteration as stop:
+                return stop.value
+            value = error = None
+            try:
+                value = yield yielded
+            except BaseException as err:  # cancellation and the like go on into the coroutine
+                error = err
+
+
+_MEASURES = ("wall", "inside", "litellm_steps", "engine_steps", "logging_steps", "counting")
+
+
+def bench_overhead(n: int, repeats: int) -> list[str]:
+    lt = llm._litellm()  # first: it sets litellm up offline
+    from litellm.litellm_core_utils.litellm_logging import Logging
+
+    acc = dict.fromkeys(_MEASURES, 0.0)
+    real_acompletion, real_count = lt.acompletion, llm.count_tokens
+    real_item, real_abatch = llm.LiteLLMEngine._item, llm.LiteLLMEngine._abatch
+    real_logging = Logging.async_success_handler
 
     async def timed_acompletion(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return await real_acompletion(*args, **kwargs)
+            return await _Steps(real_acompletion(*args, **kwargs), acc, "litellm_steps")
         finally:
-            inside["seconds"] += time.perf_counter() - start
+            acc["inside"] += time.perf_counter() - start
 
     def timed_count(*args, **kwargs):
         start = time.perf_counter()
         try:
             return real_count(*args, **kwargs)
         finally:
-            counting["seconds"] += time.perf_counter() - start
+            acc["counting"] += time.perf_counter() - start
 
-    chunks = [ChunkInput(f"c{i}", f"Item {i}: Alice Example met Bob Sample in Town{i} on day {i}. " * 8, f"Doc {i}")
-              for i in range(n)]
-    rows = []
-    lt.acompletion = timed_acompletion
-    llm.count_tokens = timed_count
+    async def timed_item(self, *args, **kwargs):
+        return await _Steps(real_item(self, *args, **kwargs), acc, "engine_steps")
+
+    async def timed_abatch(self, *args, **kwargs):
+        return await _Steps(real_abatch(self, *args, **kwargs), acc, "engine_steps")
+
+    async def timed_logging(self, *args, **kwargs):
+        return await _Steps(real_logging(self, *args, **kwargs), acc, "logging_steps")
+
+    def chunks(tag: str, count: int) -> list[ChunkInput]:  # distinct texts: every item is a new request
+        return [ChunkInput(f"{tag}{i}", f"Item {tag}{i}: Alice Example met Bob Sample in Town{i} on day {i}. " * 8,
+                           f"Doc {i}") for i in range(count)]
+
+    def measure(engine: llm.LiteLLMEngine, items: list[ChunkInput]) -> dict:
+        for key in acc:
+            acc[key] = 0.0
+        started = time.perf_counter()
+        results = engine.decompose(items)
+        acc["wall"] = time.perf_counter() - started
+        assert not any(isinstance(r, llm.Failure) for r in results), "an item failed"
+        return {key: value / len(items) for key, value in acc.items()}  # seconds per item
+
+    single, hits, eight = [], [], []
+    lt.acompletion, llm.count_tokens = timed_acompletion, timed_count
+    llm.LiteLLMEngine._item, llm.LiteLLMEngine._abatch = timed_item, timed_abatch
+    Logging.async_success_handler = timed_logging
     try:
         with FaultServer() as server, tempfile.TemporaryDirectory() as tmp:
             cache = Cache(Path(tmp) / "cache.sqlite")
             engine = llm.LiteLLMEngine(_config(server, concurrency=1), cache)
-            engine.decompose(chunks[:2])  # warm up: imports, client, tokenizer
-            inside["seconds"] = counting["seconds"] = 0.0
-            started = time.perf_counter()
-            engine.decompose(chunks[2:])
-            wall = time.perf_counter() - started
-            items = n - 2
-            own = wall - inside["seconds"]
-            rows.append(("server answers at once, concurrency 1", items, wall, own, counting["seconds"]))
-
+            engine.decompose(chunks("warm", 2))  # imports, client, tokenizer
             engine8 = llm.LiteLLMEngine(_config(server, concurrency=8), Cache(Path(tmp) / "other.sqlite"))
-            engine8.decompose(chunks[:2])
-            started = time.perf_counter()
-            engine8.decompose(chunks[2:])
-            wall8 = time.perf_counter() - started
-
-            hits = llm.LiteLLMEngine(_config(server), cache)
-            before = len(server.records)
-            started = time.perf_counter()
-            hits.decompose(chunks[2:])
-            wall_hits = time.perf_counter() - started
-            assert len(server.records) == before, "cache-hit run reached the server"
-            rows.append(("every item a cache hit", items, wall_hits, wall_hits, 0.0))
+            engine8.decompose(chunks("warm8-", 2))
+            for r in range(repeats):
+                items = chunks(f"r{r}-", n)
+                single.append(measure(engine, items))
+                before = len(server.records)
+                hits.append(measure(llm.LiteLLMEngine(_config(server), cache), items))
+                assert len(server.records) == before, "cache-hit run reached the server"
+                eight.append(measure(engine8, chunks(f"e{r}-", n)))
             cache.close()
     finally:
-        lt.acompletion = real_acompletion
-        llm.count_tokens = real_count
+        lt.acompletion, llm.count_tokens = real_acompletion, real_count
+        llm.LiteLLMEngine._item, llm.LiteLLMEngine._abatch = real_item, real_abatch
+        Logging.async_success_handler = real_logging
+
+    def med(runs: list[dict], key: str) -> float:
+        """Median over the runs, ms per item."""
+        return statistics.median(run[key] for run in runs) * 1000
+
+    def share(runs: list[dict], part) -> str:
+        """Median share of the wall time and median ms per item of `part(run)`."""
+        ms = statistics.median(part(run) for run in runs) * 1000
+        pct = statistics.median(part(run) / run["wall"] for run in runs) * 100
+        return f"{pct:.1f}% ({ms:.2f} ms)"
+
+    def own(run):  # the benchmark's measure of the engine's share: wall minus time inside acompletion
+        return run["wall"] - run["inside"]
+
+    def engine_code(run):  # steps of the engine's coroutines (without litellm steps run inside them)
+        return run["engine_steps"]
+
+    def rest(run):
+        return own(run) - engine_code(run) - run["logging_steps"]
+
+    wall1 = statistics.median(run["wall"] for run in single) * 1000
     lines = [
-        "### Engine overhead",
+        f"### Engine overhead (fault server answering at once; medians of {repeats} runs of {n} new items)",
         "",
-        "| case | items | wall | per item | engine's own share | of which token counting |",
-        "|---|---|---|---|---|---|",
-    ]
-    for case, items, wall, own, count_s in rows:
-        lines.append(f"| {case} | {items} | {wall:.2f} s | {1000 * wall / items:.2f} ms | "
-                     f"{100 * own / wall:.0f}% ({1000 * own / items:.2f} ms/item) | {1000 * count_s / items:.2f} ms/item |")
-    lines += [
-        f"| server answers at once, concurrency 8 | {items} | {wall8:.2f} s | {1000 * wall8 / items:.2f} ms | "
-        f"(not separable under concurrency) | |",
+        "| case | wall per item | inside litellm.acompletion | engine's own share | of which: engine code "
+        "| litellm's logging task | event loop, HTTP callbacks, GIL | token counting |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| concurrency 1 | {wall1:.2f} ms | {med(single, 'inside'):.2f} ms | **{share(single, own)}** | "
+        f"{share(single, engine_code)} | {share(single, lambda r: r['logging_steps'])} | {share(single, rest)} | "
+        f"{med(single, 'counting'):.2f} ms |",
+        f"| every item a cache hit | {med(hits, 'wall'):.3f} ms | 0 | 100% ({med(hits, 'wall'):.3f} ms) | | | | |",
+        f"| concurrency 8 | {med(eight, 'wall'):.2f} ms | (overlapping) | (not separable under concurrency) | "
+        f"| | | |",
         "",
-        "The rest of the wall time with a live server is litellm plus HTTP (timed around `litellm.acompletion`);",
-        "the engine's share also holds litellm's logging tasks that run on the same event loop after each call.",
+        "Per item; a share is of the wall time. *Engine's own share* = wall time minus the time spent awaiting",
+        "`litellm.acompletion` (litellm's request building, HTTP and response parsing; timed around the await).",
+        "It is split by timing each resumption of a coroutine on the event-loop thread:",
+        "*engine code* = the engine's coroutines (prompt building, cache look-ups and writes, token counting,",
+        "limiter, reply parsing, accounting; litellm's steps excluded); *litellm's logging task* =",
+        "litellm's per-call success-logging coroutine (standard logging payload, cost), which litellm schedules",
+        "on the same loop after every call and which no litellm setting turns off; the remainder is the event",
+        "loop itself, HTTP connection callbacks that fire outside the await (connection close), the progress",
+        "hand-off to the calling thread, and waits for the GIL held by the in-process server's threads.",
+        "Step times include any GIL wait inside a step.",
         "",
     ]
     return lines
@@ -166,10 +254,11 @@ def bench_overhead(n: int) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description="Benchmark of the litellm engine against the fault server")
     parser.add_argument("--quick", action="store_true", help="scale the rate-limit run by 1/10 (about 15 s)")
-    parser.add_argument("--items", type=int, default=300, help="items for the overhead measurement")
+    parser.add_argument("--items", type=int, default=300, help="items per overhead run")
+    parser.add_argument("--repeats", type=int, default=5, help="overhead runs (medians are reported)")
     args = parser.parse_args()
     lines, ok = bench_rate_limit(args.quick)
-    lines += bench_overhead(args.items)
+    lines += bench_overhead(args.items, args.repeats)
     print("\n".join(lines))
     return 0 if ok else 1
 
