@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import noderag
 
 from noderag_cli import api
 from noderag_cli.evaluate import ablate, baselines
@@ -32,9 +33,6 @@ CORPUS = ROOT / "sample_corpus"
 QUESTIONS_FILE = CORPUS / "questions.jsonl"
 FAST = "noderag,ppr-converge,no-hnsw,naive,lightrag-hybrid,graphrag-local,hipporag"
 
-
-def noderag(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "noderag_cli.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

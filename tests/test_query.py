@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import noderag
 
 from noderag_cli import api
 from noderag_cli.graph import entity_id
@@ -17,10 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "sample_corpus"
 QUESTIONS = [json.loads(line) for line in (CORPUS / "questions.jsonl").read_text().splitlines() if line.strip()]
 
-
-def noderag(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "noderag_cli.cli", *args], capture_output=True, text=True,
-                          input=stdin, timeout=300)
 
 
 @pytest.fixture(scope="module")
