@@ -131,7 +131,9 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
 def engine_name(config: Config) -> str:
     """The name an engine for this config will carry (it keys the decomposition cache)."""
     if config.llm.engine == "litellm":
-        return f"litellm:{config.llm.model}"  # as LiteLLMEngine names itself
+        from .engines.prompts import engine_name as llm_engine_name
+
+        return llm_engine_name(config.llm.model)
     from .engines.offline import OfflineEngine
 
     return OfflineEngine.name

@@ -71,3 +71,15 @@ def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
     fresh = tmp_path / "fresh"
     index(fresh, folder, "--config", config)
     assert_same_tables(ws, fresh)
+
+
+def test_new_prompts_are_not_served_old_decompositions(monkeypatch):
+    from noderag_cli.engines import prompts
+
+    before = prompts.engine_name("openai/fault-model")
+    prompts.prompts_digest.cache_clear()
+    monkeypatch.setattr(prompts, "PROMPTS_VERSION", prompts.PROMPTS_VERSION + 1)
+    try:
+        assert prompts.engine_name("openai/fault-model") != before
+    finally:
+        prompts.prompts_digest.cache_clear()

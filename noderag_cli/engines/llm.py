@@ -354,7 +354,7 @@ class LiteLLMEngine:
         self.config = config
         self.cache = cache
         self.model = config.model
-        self.name = f"litellm:{config.model}"
+        self.name = prompts.engine_name(config.model)
         self.stats = EngineStats()
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""

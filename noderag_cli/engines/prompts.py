@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -261,6 +262,23 @@ SPECS: dict[str, TaskSpec] = {
     "answer": TaskSpec("answer", Answer, ANSWER_SYSTEM, _answer_user),
 }
 """Inputs per task: ChunkInput, AttributeInput, CommunityInput, question str, (question, context)."""
+
+
+PROMPTS_VERSION = 1
+"""Bump when a render function changes what the model is shown (system prompts and schemas
+are digested automatically)."""
+
+
+@functools.lru_cache(maxsize=1)
+def prompts_digest() -> str:
+    parts = [PROMPTS_VERSION] + [[s.system, s.schema.model_json_schema()] for s in SPECS.values()]
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=4).hexdigest()
+
+
+def engine_name(model: str) -> str:
+    """The LLM engine's name: model and prompt set. It keys the per-chunk decomposition cache and the
+    stage fingerprints, so new prompts re-run what they would change instead of reusing old results."""
+    return f"litellm:{model}:p{prompts_digest()}"
 
 
 def build_messages(task: str, item: Any) -> list[dict[str, str]]:
