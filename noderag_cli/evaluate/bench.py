@@ -101,7 +101,36 @@ def ablation_section(data: Path, work: Path) -> list[str]:
             continue
         started = time.perf_counter()
         rows = ablation_table(dataset, data / dataset, work, budgets=BUDGETS)
-        lines += ["", f"### {dataset} ({time.perf_counter() - started:.0f} s)", "", to_markdown(rows)]
+        lines += ["", f"### {dataset} ({time.perf_counter() - started:.0f} s)", "", to_markdown(rows), "",
+                  *paper_directions(rows)]
+    return lines
+
+
+# what the paper reports (§4, table 2, figure 4): removing each part makes NodeRAG worse,
+# and shallow PPR is as good as deep PPR
+PAPER_EXPECTS_WORSE = {"no-exact": "dual search without the exact side", "no-cross": "no cross nodes",
+                       "graph-vector": "vector search over graph nodes only", "no-hnsw": "no HNSW similarity edges",
+                       "naive": "plain vector search over chunks"}
+
+
+def paper_directions(rows: list[dict]) -> list[str]:
+    """One line per ablation and budget, saying plainly whether the paper's direction held here
+    (answer containment, full NodeRAG against the ablation at the same budget)."""
+    full = {r["budget"]: r["answer_containment"] for r in rows if r["strategy"] == "noderag"}
+    lines = ["Does the paper's direction hold here (answer containment, full NodeRAG vs the ablation)?", ""]
+    for row in rows:
+        name, budget = row["strategy"], row["budget"]
+        if budget not in full or row.get("answer_containment") is None:
+            continue
+        gap = full[budget] - row["answer_containment"]
+        if name in PAPER_EXPECTS_WORSE:
+            verdict = "holds" if gap > 0 else ("no difference" if gap == 0 else "does NOT hold")
+            lines.append(f"- {PAPER_EXPECTS_WORSE[name]} ({name}) at {budget} tokens: NodeRAG "
+                         f"{gap * 100:+.1f} points; paper's direction {verdict}.")
+        elif name == "ppr-converge":
+            verdict = "holds" if gap >= 0 else "does NOT hold (deep PPR is better here)"
+            lines.append(f"- shallow (2-step) vs converged PPR at {budget} tokens: shallow {gap * 100:+.1f} points; "
+                         f"paper's claim that shallow suffices {verdict}.")
     return lines
 
 
