@@ -17,9 +17,22 @@ import yaml
 from .config import Config, SearchConfig, load_config
 from .embeddings import Embedder
 from .engines.base import Engine
+from .engines.offline import OfflineEngine
+from .engines.prompts import engine_name as llm_engine_name
 from .evaluate.datasets import Question, QuestionFileError, read_jsonl
 from .graph import NODE_TYPES
-from .index.pipeline import STAGES, IndexResult, Reporter, run_pipeline
+from .index.chunk import check_input_folder, document_chunks, scan
+from .index.decompose import cache_key
+from .index.pipeline import (
+    STAGES,
+    IndexResult,
+    Reporter,
+    compare_documents,
+    engine_settings,
+    indexed_state,
+    run_pipeline,
+    settings_digest,
+)
 from .search.retriever import Retrieval, Retriever
 from .workspace import Workspace, WorkspaceError
 
@@ -36,8 +49,6 @@ def make_engine(config: Config, ws: Workspace, embedder: Embedder) -> Engine:
         from .engines.llm import LiteLLMEngine
 
         return LiteLLMEngine(config.llm, ws.cache)
-    from .engines.offline import OfflineEngine
-
     return OfflineEngine(embedder)
 
 
@@ -54,8 +65,6 @@ def index(
     Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
     other embedding model, cannot be written); nothing is created before the input is checked.
     """
-    from .index.chunk import check_input_folder
-
     ws = Workspace(Path(workspace))
     ws.check_usable()
     check_input_folder(Path(input_folder))
@@ -131,11 +140,7 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
 def engine_name(config: Config) -> str:
     """The name an engine for this config will carry (it keys the decomposition cache)."""
     if config.llm.engine == "litellm":
-        from .engines.prompts import engine_name as llm_engine_name
-
         return llm_engine_name(config.llm.model)
-    from .engines.offline import OfflineEngine
-
     return OfflineEngine.name
 
 
@@ -143,9 +148,6 @@ def _decomposed(ws: Workspace, config: Config, chunks: list[tuple[str, str]]) ->
     """Positions of the (title, text) chunks whose decomposition is already in the cache."""
     if not chunks or not ws.path("cache.sqlite").is_file():
         return set()
-    from .index.decompose import cache_key
-    from .index.pipeline import engine_settings
-
     settings = engine_settings(config, engine_name(config))
     keys = [cache_key(settings, title, text) for title, text in chunks]
     found = ws.cache.get_many("decompose", keys)
@@ -161,8 +163,6 @@ def _documents_status(ws: Workspace) -> list[dict]:
     - failed: a chunk's decomposition failed (reason given); the next run retries it;
     - skipped: unreadable, empty, binary... (reason given).
     """
-    from .index.pipeline import compare_documents, indexed_state
-
     documents = ws.read_table(ws.path("documents.parquet")).to_pylist()
     indexed = indexed_state(ws)
     changes = compare_documents(indexed, {r["path"]: r["content_hash"] for r in documents if r["status"] == "indexed"})
@@ -249,9 +249,6 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate; and with
     an LLM engine, the estimated calls, tokens and cost."""
-    from .index.chunk import document_chunks, scan
-    from .index.pipeline import compare_documents, indexed_state, settings_digest
-
     ws = Workspace(Path(workspace))
     ws.check_usable()
     config = workspace_config(ws, config_path) if ws.root.is_dir() else load_config(config_path)

@@ -22,7 +22,6 @@ misconfigured, 130 interrupted. Every error is one line on stderr, never a trace
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +39,7 @@ from rich.table import Table
 
 from . import api
 from .config import ConfigError
+from .engines.base import EngineError
 from .index.chunk import InputError
 from .index.pipeline import Reporter
 from .search.retriever import QueryError
@@ -63,12 +63,6 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _engine_error_types() -> tuple[type[BaseException], ...]:
-    if "noderag_cli.engines.llm" in sys.modules:
-        return (sys.modules["noderag_cli.engines.llm"].EngineError,)
-    return ()
-
-
 def _run(action):
     """Map the API's errors to one-line messages and exit codes."""
     try:
@@ -79,10 +73,8 @@ def _run(action):
         raise _fail(str(err), EXIT_WORKSPACE) from None
     except KeyboardInterrupt:
         raise _fail("interrupted; run the same command again to resume", EXIT_INTERRUPTED) from None
-    except Exception as err:
-        if isinstance(err, _engine_error_types()):
-            raise _fail(str(err), EXIT_ENGINE) from None
-        raise
+    except EngineError as err:
+        raise _fail(str(err), EXIT_ENGINE) from None
 
 
 class RichReporter(Reporter):

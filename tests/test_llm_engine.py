@@ -51,10 +51,10 @@ from noderag_cli.engines.llm import (  # noqa: E402
     CACHE_NS,
     EngineError,
     LiteLLMEngine,
-    _litellm,
     count_tokens,
     estimate_cost,
     litellm_embed,
+    load_litellm,
     price_of,
     prompt_tokens_for,
 )
@@ -204,7 +204,7 @@ def test_token_count_reuses_the_system_prompt_yet_equals_litellms_count():
         [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Two system turns."},
          {"role": "user", "content": "Hi"}],
     ]
-    lt = _litellm()
+    lt = load_litellm()
     for model in ("openai/my-local-model", "gpt-4o-mini", "ollama_chat/qwen2.5:7b"):
         for messages in shapes:
             assert count_tokens(model, messages) == int(lt.token_counter(model=model, messages=messages))
@@ -213,7 +213,7 @@ def test_token_count_reuses_the_system_prompt_yet_equals_litellms_count():
 def test_price_lookups_are_remembered_but_unchanged():
     assert price_of("openai/my-local-model", 100, 10) is None
     assert price_of("openai/my-local-model", 200, 20) is None  # remembered as unpriced
-    prompt_cost, completion_cost = _litellm().cost_per_token(model="gpt-4o-mini", prompt_tokens=1234,
+    prompt_cost, completion_cost = load_litellm().cost_per_token(model="gpt-4o-mini", prompt_tokens=1234,
                                                              completion_tokens=56)
     assert price_of("gpt-4o-mini", 1234, 56) == pytest.approx(prompt_cost + completion_cost)
     assert price_of("gpt-4o-mini", 1234, 56) == price_of("gpt-4o-mini", 1234, 56)

@@ -31,7 +31,7 @@ The batch methods are synchronous: coroutines run on one private event loop in a
 (shared by every engine in the process, so litellm's cached async clients always belong to a
 live loop), and the progress callback is called in the caller's thread as items finish.
 
-`import litellm` is slow (seconds): it happens inside `_litellm()`, never at import time.
+`import litellm` is slow (seconds): it happens inside `load_litellm()`, never at import time.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from .base import (
     ChunkInput,
     CommunityInput,
     Element,
+    EngineError,
     EngineStats,
     Failure,
     Progress,
@@ -79,16 +80,6 @@ CHECK_TASK = "check_connection"
 """Stats task under which `check_connection`'s one tiny call is accounted."""
 
 _log = logging.getLogger("noderag.llm")
-
-
-class EngineError(RuntimeError):
-    """The engine cannot work as configured (no key, unknown provider, unreachable server...).
-
-    The message is always one line, safe to print as is; it never contains a key.
-    """
-
-    def __init__(self, message: str):
-        super().__init__(_one_line(message))
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -126,7 +117,7 @@ _LITELLM: Any = None
 _IMPORT_LOCK = threading.Lock()
 
 
-def _litellm():
+def load_litellm():
     """litellm, imported on first use with its price table local and its chatter off."""
     global _LITELLM
     if _LITELLM is None:
@@ -249,7 +240,7 @@ def retry_after_seconds(err: BaseException) -> float | None:
 
 def _classify(err: BaseException) -> str:
     """rate_limit | transient | refused_format | bad_request | context | fatal_auth | fatal_model | unexpected"""
-    lt = _litellm()
+    lt = load_litellm()
     status = _status(err)
     if isinstance(err, lt.RateLimitError) or status == 429:
         return "rate_limit"
@@ -278,13 +269,13 @@ def _classify(err: BaseException) -> str:
 
 
 def _is_timeout(err: BaseException) -> bool:
-    return isinstance(err, (_litellm().Timeout, asyncio.TimeoutError))
+    return isinstance(err, (load_litellm().Timeout, asyncio.TimeoutError))
 
 
 def _is_connection_error(err: BaseException) -> bool:
     """No HTTP exchange happened: refused, unresolvable, reset. litellm sometimes wraps these in a
     500-looking InternalServerError("Connection error."), so the cause chain is read too."""
-    lt = _litellm()
+    lt = load_litellm()
     seen: BaseException | None = err
     for _ in range(6):
         if seen is None:
@@ -406,7 +397,7 @@ class LiteLLMEngine:
         """One tiny call before any stage starts; EngineError (one line) when it cannot work."""
         auth = self._request_auth()  # key and routing are checked before any network traffic
         where = self.config.api_base or f"the {self._route()} API"
-        lt = _litellm()
+        lt = load_litellm()
         timeout = min(self.config.timeout_seconds, 120.0)  # a local server may first load its model
 
         async def probe(_report):
@@ -491,7 +482,7 @@ class LiteLLMEngine:
         if not items:
             return []
         auth = self._request_auth()  # before any call: missing key / unroutable model
-        _litellm()
+        load_litellm()
         return _LoopThread.get().run(lambda report: self._abatch(task, items, auth, report), progress)
 
     async def _abatch(self, task: str, items: list, auth: dict, report: Callable[[int], None]) -> list:
@@ -567,7 +558,7 @@ class LiteLLMEngine:
 
     async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats) -> _Reply:
         """One reply, through limiter, semaphore and retries; `_CallFailed` when given up."""
-        lt = _litellm()
+        lt = load_litellm()
         prompt_tokens = count_tokens(self.model, messages)
         room = self.config.context_window - prompt_tokens
         if room < 16:
@@ -660,7 +651,7 @@ class LiteLLMEngine:
 # --------------------------------------------------------------------------- helpers for other modules
 def route_model(model: str, api_base: str | None = None) -> str:
     """The litellm provider of `model`; EngineError when litellm cannot route it."""
-    lt = _litellm()
+    lt = load_litellm()
     try:
         return lt.get_llm_provider(model=model, api_base=api_base)[1]
     except Exception:
@@ -692,7 +683,7 @@ def price_of(model: str, input_tokens: int, output_tokens: int) -> float | None:
 @functools.lru_cache(maxsize=4096)
 def _price(model: str, input_tokens: int, output_tokens: int) -> float | None:
     try:
-        prompt_cost, completion_cost = _litellm().cost_per_token(
+        prompt_cost, completion_cost = load_litellm().cost_per_token(
             model=model, prompt_tokens=input_tokens, completion_tokens=output_tokens
         )
     except Exception:
@@ -717,7 +708,7 @@ def count_tokens(model: str, messages: list[dict]) -> int:
 
 
 def _count_all(model: str, messages: list[dict]) -> int:
-    lt = _litellm()
+    lt = load_litellm()
     try:
         return int(lt.token_counter(model=model, messages=messages))
     except Exception:
@@ -826,7 +817,7 @@ def litellm_embed(
         return out
     policy = _Policy(retries, 100, backoff_base, 60.0)
     todo_keys = list(todo)
-    lt = _litellm()
+    lt = load_litellm()
 
     async def one_batch(batch_keys: list[str]) -> np.ndarray:
         inputs = [texts[todo[k][0]] for k in batch_keys]

@@ -471,9 +471,10 @@ def llm_text(engine, prompt: str, cache: Cache | None = None, max_tokens: int = 
         hit = cache.get("ablate", key)
         if hit is not None:
             return hit.decode("utf-8")
-    import litellm
+    from ..engines.base import EngineError
+    from ..engines.llm import load_litellm
 
-    from ..engines.llm import EngineError
+    litellm = load_litellm()  # its price table local, no downloads: never `import litellm` directly
 
     try:  # the engine's own auth (key from llm.api_key_env, api_base, local-server defaults)
         response = litellm.completion(model=config.model, messages=[{"role": "user", "content": prompt}],

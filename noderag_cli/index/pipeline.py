@@ -19,6 +19,7 @@ wrote its outputs but before the manifest records it done. Tests use it to crash
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import threading
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -115,8 +117,6 @@ def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:
-    import io
-
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     atomic_write_bytes(path, buffer.getvalue())
@@ -495,9 +495,6 @@ def _assemble(ws: Workspace, config: Config, early: _EarlyBlock | None = None) -
     columns["community"] = pa.array([community_of.get(i, -1) for i in node_ids], pa.int32())
     columns["vector_row"] = pa.array([row_of.get(i, -1) for i in node_ids], pa.int32())
     final = pa.table(columns).cast(NODE_SCHEMA)
-
-    import faiss
-
     write_parquet(ws.path("nodes.parquet"), final)
     write_parquet(ws.path("edges.parquet"), edges)
     atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())

@@ -142,7 +142,7 @@ _MEASURES = ("wall", "inside", "overlap", "litellm_steps", "engine_steps", "logg
 
 
 def bench_overhead(n: int, repeats: int) -> list[str]:
-    lt = llm._litellm()  # first: it sets litellm up offline
+    lt = llm.load_litellm()  # first: it sets litellm up offline
     from litellm.litellm_core_utils.litellm_logging import Logging
 
     acc = dict.fromkeys(_MEASURES, 0.0)
