@@ -136,7 +136,7 @@ def index(
         table.add_column("result")
         for stage, info in result.stages.items():
             detail = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()
-                               if k not in ("skipped", "seconds") and not k.startswith("first_block"))
+                               if k not in ("skipped", "seconds"))
             table.add_row(stage, "skipped" if info["skipped"] else f"{info['seconds']:.2f}", detail or "unchanged")
         out.print(table)
         docs = result.documents

@@ -41,10 +41,10 @@ class EmbeddingConfig(_Section):
     api_key_env: str | None = None
 
 
-class HnswConfig(_Section):
-    m: int = Field(32, ge=4)
-    ef_construction: int = Field(200, ge=8)
-    ef_search: int = Field(128, ge=8)
+class SimilarityConfig(_Section):
+    neighbours: int = Field(
+        64, ge=2, le=512,
+        description="candidates per node for the similarity edges: the width of an HNSW base layer at M=32 (2M)")
 
 
 class LLMConfig(_Section):
@@ -92,7 +92,7 @@ class Config(_Section):
     chunk: ChunkConfig = ChunkConfig()
     graph: GraphConfig = GraphConfig()
     embedding: EmbeddingConfig = EmbeddingConfig()
-    hnsw: HnswConfig = HnswConfig()
+    similarity: SimilarityConfig = SimilarityConfig()
     llm: LLMConfig = LLMConfig()
     search: SearchConfig = SearchConfig()
 

@@ -88,7 +88,7 @@ def test_node_ids_are_content_hashes_stable_across_runs(built, built_again):
 
 def test_workspace_layout(built):
     config = yaml.safe_load((built / "config.yaml").read_text())
-    assert config["hnsw"]["m"] == 32 and config["llm"]["engine"] == "offline"
+    assert config["similarity"]["neighbours"] == 64 and config["llm"]["engine"] == "offline"
     assert "api_key" not in json.dumps(config).replace("api_key_env", "")
     state = manifest(built)
     assert state["embedding"] == {"model": "wordllama:l2_supercat:256", "dim": 256}
@@ -170,14 +170,14 @@ def test_second_run_skips_every_stage(built, tmp_path):
 def test_changed_setting_reruns_its_stage_and_later_ones(built, tmp_path):
     workspace = copy_workspace(built, tmp_path / "ws")
     config = tmp_path / "m16.yaml"
-    config.write_text("hnsw:\n  m: 16\n")
+    config.write_text("similarity:\n  neighbours: 16\n")
     result = index(workspace, SAMPLE_CORPUS, "--config", config).json()
     ran = {s for s in STAGES if not result["stages"][s]["skipped"]}
     assert ran == {"similarity"}
-    assert yaml.safe_load((workspace / "config.yaml").read_text())["hnsw"]["m"] == 16
+    assert yaml.safe_load((workspace / "config.yaml").read_text())["similarity"]["neighbours"] == 16
     assert (workspace / "edges.parquet").read_bytes() != (built / "edges.parquet").read_bytes()
 
-    config.write_text("hnsw:\n  m: 16\ngraph:\n  seed: 7\n")
+    config.write_text("similarity:\n  neighbours: 16\ngraph:\n  seed: 7\n")
     result = index(workspace, SAMPLE_CORPUS, "--config", config).json()
     ran = {s for s in STAGES if not result["stages"][s]["skipped"]}
     assert {"attributes", "communities", "similarity"} <= ran
@@ -359,7 +359,7 @@ def test_unwritable_workspace(built, tmp_path):
     workspace = copy_workspace(built, tmp_path / "ws")
     before = read_bytes(workspace)
     config = tmp_path / "m8.yaml"
-    config.write_text("hnsw:\n  m: 8\n")
+    config.write_text("similarity:\n  neighbours: 8\n")
     for path in [workspace, *workspace.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     try:

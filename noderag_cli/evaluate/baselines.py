@@ -93,7 +93,7 @@ def vector_context(retriever: Retriever, question: str, budget: int, types: tupl
     if query_vector is None:
         query_vector = retriever.embed_question(question)
     k = candidates_for(budget)
-    rows, similarity = retriever.vector_search(query_vector, k, types, max(retriever.config.hnsw.ef_search, k))
+    rows, similarity = retriever.vector_search(query_vector, k, types)
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     scores[rows] = similarity
     kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget,
@@ -255,8 +255,7 @@ def naive_rag(retriever: Retriever, question: str, budget: int) -> Retrieval:
     """NaiveRAG: text chunks by vector similarity to the question, best first, until the budget is full."""
     question = retriever.check_question(question)
     started = time.perf_counter()
-    rows, similarity = retriever.vector_search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",),
-                                               max(retriever.config.hnsw.ef_search, NAIVE_CANDIDATES))
+    rows, similarity = retriever.vector_search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",))
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     scores[rows] = similarity
     kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget)

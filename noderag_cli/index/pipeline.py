@@ -7,7 +7,8 @@ outputs atomically, and only then is marked done. Since every stage is a pure fu
 of its inputs (caches only save work: chunking, decompositions, token counts and vectors
 are looked up by content), an interrupted, resumed or incremental run yields the same
 tables as a fresh build of the same folder. Graph-wide steps (betweenness, Leiden,
-K-means, HNSW) always run on the whole updated graph.
+K-means) always run on the whole updated graph; similarity edges reuse the neighbour lists
+a change does not touch (see similarity_edges).
 
 Test hook (documented here because it is not a feature): when the environment variable
 `NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>` or `<stage>:commit`, the run
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_dige
 from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 
 # config sections (plus "engine") each stage's output depends on
 STAGE_SETTINGS = {
@@ -52,7 +53,7 @@ STAGE_SETTINGS = {
     "communities": ["engine", "graph", "embedding"],
     "text": [],
     "embed": ["embedding"],
-    "similarity": ["embedding", "hnsw"],
+    "similarity": ["embedding", "similarity"],
 }
 UPSTREAM = {
     "chunk": [],
@@ -102,7 +103,7 @@ def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
     if stage == "embed":
         return [ws.stage_path(stage, n) for n in ("ids.parquet", "vectors.npy")]
     return [ws.path("nodes.parquet"), ws.path("edges.parquet"), ws.path("vectors.faiss"),
-            ws.stage_path("similarity", "documents.parquet")]
+            ws.stage_path("similarity", "documents.parquet"), ws.stage_path("similarity", "neighbours.parquet")]
 
 
 def indexed_documents_path(ws: Workspace) -> Path:
@@ -247,15 +248,7 @@ def run_pipeline(
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
 
     outputs_digest: dict[str, str] = {}
-    state = _RunState()
-    ran: list[str] = []
     for stage in STAGES:
-        # the first HNSW block is worth starting early when the final stage will (very likely) run
-        state.want_early_block = stop_after in (None, "similarity") and (
-            bool(ran) or stage == "decompose" or manifest["stages"].get("similarity", {}).get("state") != "done")
-        if stage == "attributes" and state.early is None and state.want_early_block:
-            state.early = _EarlyBlock(_read(ws, "decompose", "nodes.parquet"), _read(ws, "chunk", "chunks.parquet"),
-                                      config, embedder)
         settings = settings_digest(config, engine.name, stage)
         fingerprint = json_digest(
             {"stage": stage, "settings": settings, "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
@@ -271,7 +264,6 @@ def run_pipeline(
             if stage == stop_after:
                 break
             continue
-        ran.append(stage)
         manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint, "settings": settings}
         ws.write_manifest(manifest)
         log.info("stage %s started", stage)
@@ -279,7 +271,7 @@ def run_pipeline(
         before = _snapshot(engine.stats)
         vectors_before = ws.cache.count("embedding")
         t0 = time.perf_counter()
-        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage), state)
+        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage))
         seconds = time.perf_counter() - t0
         digest = json_digest([file_digest(p) for p in stage_outputs(ws, stage)])
         outputs_digest[stage] = digest
@@ -294,8 +286,6 @@ def run_pipeline(
         log.info("stage %s done in %.2fs %s", stage, seconds, info)
         if stage == stop_after:
             break
-    if state.early is not None:
-        state.early.thread.join()
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
     if ws.path("nodes.parquet").is_file() and manifest["stages"].get("similarity", {}).get("state") == "done":
@@ -341,16 +331,8 @@ def _read(ws: Workspace, stage: str, name: str) -> pa.Table:
     return ws.read_table(ws.stage_path(stage, name))
 
 
-@dataclass
-class _RunState:
-    """What stages of one run share beyond the committed tables: the background HNSW block."""
-
-    want_early_block: bool = False
-    early: _EarlyBlock | None = None
-
-
 def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine, embedder: Embedder,
-               reporter: Reporter, run: _RunState) -> dict:
+               reporter: Reporter) -> dict:
     g = config.graph
     counter = TokenCounter(ws.cache)
     if stage == "chunk":
@@ -366,11 +348,9 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
             chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name)
         )
         nodes, edges = decompose.build_graph(units)
-        if run.want_early_block:  # S and T are known: start the first HNSW block in the background
-            run.early = _EarlyBlock(nodes, chunks, config, embedder)
-        else:  # vectors of every S and T text now: K-means and the embed stage find them in the cache
-            embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
-                              + chunks["text"].to_pylist())
+        # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
+        embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
+                          + chunks["text"].to_pylist())
         nodes = nodes.set_column(nodes.schema.get_field_index("tokens"), "tokens",
                                  pa.array(counter(nodes["text"].to_pylist()), pa.int32()))
         _commit(ws, stage, nodes, edges, failures)
@@ -412,7 +392,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else embedder.dim}
     if stage == "similarity":
         reporter.stage_started(stage, None)
-        return _assemble(ws, config, run.early)
+        return _assemble(ws, config, embedder)
     raise ValueError(stage)
 
 
@@ -426,50 +406,31 @@ def _all_stage_nodes(ws: Workspace) -> pa.Table:
     return pa.concat_tables([_read(ws, s, "nodes.parquet") for s in ("decompose", "attributes", "communities", "text")])
 
 
-class _EarlyBlock:
-    """The first HNSW block (every S and T node), built in a background thread from the end of
-    decomposition on, while attributes, communities, text and embed run: faiss releases the
-    GIL, so on two cores most of the single-threaded HNSW build is hidden. The similarity stage
-    uses it only if its own first block has exactly these ids and vectors; else it is ignored."""
-
-    def __init__(self, units: pa.Table, chunks: pa.Table, config: Config, embedder: Embedder):
-        t_nodes, _ = text.run(chunks, units)
-        block = embed.ordered(pa.concat_tables([units.filter(pc.equal(units["type"], "S")), t_nodes]))[0]
-        self.ids = block["id"].to_pylist()
-        self.vectors = embed.embed_texts(embedder, block["text"].to_pylist())
-        self.index = similarity_edges.new_index(embedder.dim, config.hnsw)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._build, name="noderag-hnsw-block", daemon=True)
-        self.thread.start()
-
-    def _build(self) -> None:
-        started = time.perf_counter()
-        try:
-            similarity_edges.add_block(self.index, self.vectors)
-        except BaseException as err:  # reported by take(), which then builds synchronously
-            self.error = err
-        self.seconds = time.perf_counter() - started
-
-    def take(self, ids: list[str], vectors: np.ndarray):
-        """The index holding the first block, if it is the one these rows start with."""
-        waited = time.perf_counter()
-        self.thread.join()
-        self.waited = time.perf_counter() - waited
-        n = len(self.ids)
-        fits = (self.error is None and ids[:n] == self.ids and (len(ids) == n or ids[n][0] not in ("S", "T"))
-                and np.array_equal(vectors[:n], self.vectors))
-        return self.index if fits else None
+def _previous_neighbours(ws: Workspace, signature: dict) -> pa.Table | None:
+    """The neighbour lists of the last completed similarity stage, if made with these settings."""
+    path = ws.stage_path("similarity", "neighbours.parquet")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid):
+        return None
+    metadata = table.schema.metadata or {}
+    return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
 
 
-def _assemble(ws: Workspace, config: Config, early: _EarlyBlock | None = None) -> dict:
-    """HNSW index, similarity edges, and the final nodes/edges tables."""
+def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
+    """Similarity edges, the vector index, and the final nodes/edges tables."""
     nodes = _all_stage_nodes(ws).sort_by("id")
     ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
     vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
-    started = early.take(ids, vectors) if early is not None else None
-    index = similarity_edges.build_index(vectors, config.hnsw, embed.block_sizes(ids), started)
-    pairs = similarity_edges.base_layer_pairs(index)
     id_array = np.asarray(ids, dtype=object)
+    signature = {"model": embedder.model_id, "neighbours": config.similarity.neighbours,
+                 "version": similarity_edges.VERSION}
+    # a node keeps its id when its text changes (an entity's attributes): stored lists match on id and vector
+    keys = np.asarray([f"{i}:{hashlib.blake2b(v.tobytes(), digest_size=8).hexdigest()}" for i, v in zip(ids, vectors, strict=True)],
+                      dtype=object)
+    neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
+                                                  _previous_neighbours(ws, signature))
+    pairs = similarity_edges.pairs(neighbours)
     similarity = pa.table(
         {"source": pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
          "target": pa.array(id_array[pairs[:, 1]].tolist(), pa.string()),
@@ -497,11 +458,13 @@ def _assemble(ws: Workspace, config: Config, early: _EarlyBlock | None = None) -
     final = pa.table(columns).cast(NODE_SCHEMA)
     write_parquet(ws.path("nodes.parquet"), final)
     write_parquet(ws.path("edges.parquet"), edges)
+    index = similarity_edges.flat_index(vectors)
     atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())
+    table = similarity_edges.to_table(keys, neighbours)
+    write_parquet(ws.stage_path("similarity", "neighbours.parquet"),
+                  table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
     write_parquet(indexed_documents_path(ws), ws.read_table(ws.path("documents.parquet")))
     hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
     return {"nodes": final.num_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
             "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
-            "first_block_in_background": started is not None,
-            "first_block_seconds": round(getattr(early, "seconds", 0.0), 3),
-            "first_block_waited": round(getattr(early, "waited", 0.0), 3)}
+            "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}

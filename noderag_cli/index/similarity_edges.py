@@ -1,73 +1,227 @@
-"""Stage 7: the HNSW index and its base-layer similarity edges (paper §2.6).
+"""Stage 7: similarity edges between embedded nodes (paper §2.6), and the vector index.
 
-One faiss `IndexHNSWFlat` over the L2-normalised vectors (inner product). The base
-layer's neighbour lists are read out of the index and become `similarity` edges; a
-pair that already has a structural edge gains +1 weight instead. The build runs on one
-thread: HNSW insertion is order-dependent, and a multi-threaded build is not
-reproducible. Level draws use faiss's fixed internal seed.
+The paper adds the base layer of an HNSW index as semantic edges. That layer approximates a
+pruned nearest-neighbour graph: a node's nearest candidates, each kept only if no already kept,
+more similar neighbour is closer to it than the node is (HNSW's neighbour-selection heuristic).
+We compute that graph exactly: the `neighbours` most similar nodes by cosine, then the same
+heuristic. Computed exactly, it depends on the set of vectors only, not on an insertion order,
+so an update recomputes just the rows whose candidates changed and still equals a fresh build
+(an HNSW index must be rebuilt in full, in a fresh build's order, to give the same edges).
 
-Construction contract: vectors are added in blocks, always the same three (every S and T
-node, then every A node, then every H node; see `embed.BLOCKS`), each block in one `add`
-call. The first block is known once decomposition is done, so the pipeline builds it in
-the background while attributes and communities are computed; a fresh build and an
-update build the same blocks in the same order, hence the same index.
+Exact means exact to the bit: cosines are computed on the vectors rounded to multiples of
+1/2048. Their dot products are integers below 2^24 (Cauchy-Schwarz: at most about 2048^2), which
+float32 represents exactly, so every BLAS kernel, block shape and summation order gives the same
+value, for (a, b) as for (b, a). The rounding moves a cosine by about 1e-4. Ties are broken by
+node id. The candidate lists, their scores and which candidates the heuristic kept are stored
+per node (`neighbours.parquet`) for the next run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import faiss
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from ..config import HnswConfig
+VERSION = 1  # of the neighbour lists' definition: stored lists of another version are not reused
+ROW_BLOCK = 1024
+PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block: small enough to stay in cache
+QUANT = 2048
+SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
+SUBSAMPLE = 4  # the k-th best of every 4th column bounds the k-th best of the row from below
 
 
-def new_index(dim: int, config: HnswConfig) -> faiss.IndexHNSWFlat:
-    index = faiss.IndexHNSWFlat(dim, config.m, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = config.ef_construction
-    index.hnsw.efSearch = config.ef_search
-    return index
+@dataclass
+class Neighbours:
+    """Per node (rows sorted by id): its best candidates (columns, -1 padded; `k + SLACK` are
+    kept so that deletions rarely force a full search), their scores, and which of the first k
+    the heuristic kept."""
+
+    candidates: np.ndarray  # (n, k + SLACK) int64
+    scores: np.ndarray  # (n, k + SLACK) float32
+    kept: np.ndarray  # (n, k) bool
+    searched: int = 0  # rows searched against every node this run
+    pruned: int = 0  # rows whose first k changed, heuristic rerun
 
 
-def add_block(index: faiss.IndexHNSWFlat, vectors: np.ndarray) -> None:
-    """One block, one `add` call, on one OpenMP thread (set for the calling thread only)."""
-    if not len(vectors):
+def quantised(vectors: np.ndarray) -> np.ndarray:
+    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32)."""
+    return np.rint(np.asarray(vectors, np.float32) * QUANT).astype(np.float32)
+
+
+def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Exact cosines of the rows `rows` of `quantised` vectors against every row."""
+    return (grid[rows] @ grid.T) * np.float32(1 / QUANT**2)
+
+
+def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `scores` (the rows `rows` of the full matrix): the k best columns other than the
+    row itself, by score then column; padded with -1 / -inf when there are fewer."""
+    scores = scores.copy()
+    scores[np.arange(len(rows)), rows] = -np.inf
+    k_eff = min(k, scores.shape[1] - 1)
+    bound = np.full(len(rows), -np.inf, np.float32)
+    sample = scores[:, ::SUBSAMPLE]
+    if k_eff > 0 and sample.shape[1] > k_eff:
+        bound = np.partition(sample, sample.shape[1] - k_eff, axis=1)[:, sample.shape[1] - k_eff]
+    r, c = np.nonzero((scores >= bound[:, None]) & np.isfinite(scores))
+    return select(r, c, scores[r, c], len(rows), k)
+
+
+def select(r: np.ndarray, c: np.ndarray, values: np.ndarray, n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """From (row, column, score) triples, given in column order: each row's k best columns, by
+    score then column."""
+    bits = values.view(np.uint32)
+    ascending = bits ^ np.where(bits >> 31, np.uint32(0xFFFFFFFF), np.uint32(0x80000000))
+    key = (r.astype(np.uint64) << np.uint64(32)) | (~ascending).astype(np.uint64)
+    order = np.argsort(key, kind="stable")  # triples come in column order within a row
+    r, c, values = r[order], c[order], values[order]
+    rank = np.arange(len(r)) - np.searchsorted(r, r)
+    take = rank < k
+    out_cols = np.full((n_rows, k), -1, np.int64)
+    out_scores = np.full((n_rows, k), -np.inf, np.float32)
+    out_cols[r[take], rank[take]] = c[take]
+    out_scores[r[take], rank[take]] = values[take]
+    return out_cols, out_scores
+
+
+def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """HNSW's heuristic on each row's candidate list (best first): a candidate is kept unless a
+    kept, better candidate is more similar to it than the row's node is."""
+    n, k = candidates.shape
+    kept = np.zeros((n, k), bool)
+    for start in range(0, n, PRUNE_BLOCK):
+        cand = candidates[start : start + PRUNE_BLOCK]
+        score = scores[start : start + PRUNE_BLOCK] * np.float32(QUANT**2)
+        block = grid[np.maximum(cand, 0)]
+        gram = np.matmul(block, block.transpose(0, 2, 1))
+        valid = cand >= 0
+        out = np.zeros(cand.shape, bool)
+        for j in range(k):
+            blocked = (out[:, :j] & (gram[:, j, :j] > score[:, j : j + 1])).any(axis=1)
+            out[:, j] = valid[:, j] & ~blocked
+        kept[start : start + PRUNE_BLOCK] = out
+    return kept
+
+
+def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.Table | None = None) -> Neighbours:
+    """The pruned k-nearest-neighbour lists of `vectors` (rows sorted by `ids`, which must name a
+    node and its vector: a row whose vector changed is a new row). A row of
+    `previous` (`to_table` of an earlier run, same model and k) is reused when at least k of its
+    candidates still exist: those are the best among the surviving old nodes, so merging in the
+    new nodes that beat its last one gives the exact list again."""
+    n, width = len(ids), k + SLACK
+    candidates = np.full((n, width), -1, np.int64)
+    scores = np.full((n, width), -np.inf, np.float32)
+    kept = np.zeros((n, width), bool)
+    reused = shifted = np.zeros(n, bool)
+    if previous is not None and previous.num_rows and n > k:
+        reused, shifted = _take_previous(previous, ids, k, candidates, scores, kept)
+    before = candidates[:, :k].copy()
+    grid = quantised(vectors)
+    search = np.flatnonzero(~reused)
+    for start in range(0, len(search), ROW_BLOCK):
+        rows = search[start : start + ROW_BLOCK]
+        candidates[rows], scores[rows] = top_k(scores_against(grid, rows), rows, width)
+    if reused.any():
+        new = np.flatnonzero(~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
+            zero_copy_only=False))
+        if len(new):
+            _merge_new(grid, new, reused, candidates, scores)
+    kept = kept[:, :k]
+    redo = np.flatnonzero(~reused | shifted | (candidates[:, :k] != before).any(axis=1))
+    kept[redo] = prune(grid, candidates[redo, :k], scores[redo, :k])
+    return Neighbours(candidates, scores, kept, searched=len(search), pruned=len(redo))
+
+
+def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):
+    """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
+    order, deleted ones dropped. Returns (reused rows, reused rows that lost one of their first k)."""
+    n = len(ids)
+
+    id_set = pa.array(ids, pa.string())
+
+    def rows_of(names) -> tuple[np.ndarray, np.ndarray]:
+        at = pc.index_in(names, value_set=id_set)
+        return pc.fill_null(at, 0).to_numpy().astype(np.int64), pc.is_valid(at).to_numpy(zero_copy_only=False)
+
+    def flat(column: str) -> pa.Array:
+        return pc.list_flatten(previous[column].combine_chunks())
+
+    row, present = rows_of(previous["id"])
+    lengths = pc.list_value_length(previous["candidates"].combine_chunks()).to_numpy()
+    owner = np.repeat(np.arange(len(row)), lengths)
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    flat_rows, exists = rows_of(flat("candidates"))
+    usable = present & (np.bincount(owner[exists], minlength=len(row)) >= k)
+    take = exists & usable[owner]
+    taken = np.bincount(owner[take], minlength=len(row))
+    slot = np.arange(int(take.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
+    target = row[owner[take]]
+    candidates[target, slot] = flat_rows[take]
+    scores[target, slot] = flat("scores").to_numpy()[take]
+    kept[target, slot] = flat("kept").to_numpy(zero_copy_only=False)[take]
+    lost_early = np.bincount(owner[~exists & (position < k)], minlength=len(row)) > 0
+    reused, shifted = np.zeros(n, bool), np.zeros(n, bool)
+    reused[row[usable]] = True
+    shifted[row[usable & lost_early]] = True
+    return reused, shifted
+
+
+def _merge_new(grid, new: np.ndarray, reused: np.ndarray, candidates, scores) -> None:
+    """A reused row's list takes in the new nodes that beat its last candidate (score, then id)."""
+    old = np.flatnonzero(reused)
+    width = candidates.shape[1]
+    length = (candidates[old] >= 0).sum(axis=1)
+    last_score = scores[old, length - 1]
+    last_col = candidates[old, length - 1]
+    found = []
+    for start in range(0, len(new), ROW_BLOCK):
+        rows = new[start : start + ROW_BLOCK]
+        block = scores_against(grid, rows)[:, old]
+        a, o = np.nonzero((block > last_score) | ((block == last_score) & (rows[:, None] < last_col)))
+        found.append((o, rows[a], block[a, o]))
+    o = np.concatenate([f[0] for f in found])
+    if not len(o):
         return
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
+    hit = np.unique(o)
+    targets = old[hit]
+    r = np.concatenate([np.repeat(np.arange(len(hit)), width), np.searchsorted(hit, o)])
+    c = np.concatenate([candidates[targets].ravel(), *[f[1] for f in found]])
+    v = np.concatenate([scores[targets].ravel(), *[f[2] for f in found]])
+    by_column = np.argsort(c, kind="stable")
+    by_column = by_column[c[by_column] >= 0]
+    candidates[targets], scores[targets] = select(r[by_column], c[by_column], v[by_column], len(hit), width)
+
+
+def pairs(neighbours: Neighbours) -> np.ndarray:
+    """Undirected (lo, hi) row pairs of the kept lists, each once, sorted."""
+    n, k = neighbours.kept.shape
+    rows = np.repeat(np.arange(n, dtype=np.int64), k)[neighbours.kept.ravel()]
+    cols = neighbours.candidates[:, :k].ravel()[neighbours.kept.ravel()]
+    codes = np.unique(np.minimum(rows, cols) * n + np.maximum(rows, cols))
+    return np.stack([codes // max(n, 1), codes % max(n, 1)], axis=1)
+
+
+def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
+    """One row per node: candidate ids, scores and kept flags (False past the first k), in order."""
+    valid = neighbours.candidates >= 0
+    kept = np.zeros(valid.shape, bool)
+    kept[:, : neighbours.kept.shape[1]] = neighbours.kept
+    offsets = pa.array(np.r_[0, np.cumsum(valid.sum(axis=1))].astype(np.int32))
+    return pa.table({
+        "id": pa.array(ids, pa.string()),
+        "candidates": pa.ListArray.from_arrays(offsets, pa.array(ids[neighbours.candidates[valid]], pa.string())),
+        "scores": pa.ListArray.from_arrays(offsets, pa.array(neighbours.scores[valid], pa.float32())),
+        "kept": pa.ListArray.from_arrays(offsets, pa.array(kept[valid], pa.bool_())),
+    })
+
+
+def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
+    """The vector index for search: exact inner product over the L2-normalised rows."""
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    if len(vectors):
         index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    finally:
-        faiss.omp_set_num_threads(threads)
-
-
-def build_index(vectors: np.ndarray, config: HnswConfig, blocks: list[int] | None = None,
-                index: faiss.IndexHNSWFlat | None = None) -> faiss.IndexHNSWFlat:
-    """The index over `vectors`, added block by block (`blocks`: rows per block; default one
-    block). With `index` holding the first blocks already, only the remaining rows are added."""
-    blocks = blocks if blocks is not None else [len(vectors)]
-    assert sum(blocks) == len(vectors)
-    index = index if index is not None else new_index(vectors.shape[1], config)
-    start = 0
-    for size in blocks:
-        if start + size > index.ntotal:
-            add_block(index, vectors[max(start, index.ntotal) : start + size])
-        start += size
     return index
-
-
-def base_layer_pairs(index: faiss.IndexHNSWFlat) -> np.ndarray:
-    """(row, neighbour) pairs of layer 0, each undirected pair once, row < neighbour."""
-    hnsw = index.hnsw
-    n = index.ntotal
-    if n == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    offsets = faiss.vector_to_array(hnsw.offsets).astype(np.int64)
-    neighbors = faiss.vector_to_array(hnsw.neighbors)
-    width = hnsw.nb_neighbors(0)
-    layer0 = neighbors[offsets[:n, None] + np.arange(width)[None, :]]
-    rows = np.repeat(np.arange(n, dtype=np.int64), width)
-    cols = layer0.ravel().astype(np.int64)
-    keep = (cols >= 0) & (cols != rows)
-    lo, hi = np.minimum(rows[keep], cols[keep]), np.maximum(rows[keep], cols[keep])
-    codes = np.unique(lo * n + hi)
-    return np.stack([codes // n, codes % n], axis=1)

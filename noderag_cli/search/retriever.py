@@ -109,8 +109,8 @@ class Retriever:
         self.index = faiss.deserialize_index(np.fromfile(ws.path("vectors.faiss"), dtype=np.uint8))
         if self.index.d != embedder.dim:
             raise WorkspaceError(f"workspace vectors have dimension {self.index.d}, the embedder gives {embedder.dim}")
-        self._selectors = {}
         self.vectors = self.index.reconstruct_n(0, self.index.ntotal) if self.index.ntotal else np.zeros((0, embedder.dim), np.float32)
+        self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
         names = np.flatnonzero(np.isin(self.types, ["N", "O"]))
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
@@ -122,26 +122,24 @@ class Retriever:
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
 
     # vector side ---------------------------------------------------------------
-    def _selector(self, types: tuple[str, ...]):
-        """An HNSW search restricted to some node types, via a bitmap over vector rows."""
-        if types not in self._selectors:
-            allowed = np.isin(self.types[self.node_of_vector], list(types))
-            bits = np.packbits(allowed, bitorder="little")
-            selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
-            params = faiss.SearchParametersHNSW()
-            params.sel = selector
-            self._selectors[types] = (bits, selector, params)
-        return self._selectors[types]
+    def _typed_vectors(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(vector rows, their vectors) of the given node types, gathered once per type set."""
+        if types not in self._by_types:
+            rows = np.flatnonzero(np.isin(self.types[self.node_of_vector], list(types)))
+            self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows]))
+        return self._by_types[types]
 
-    def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...], ef_search: int) -> tuple[np.ndarray, np.ndarray]:
-        """(node rows, similarities) of the k nearest nodes of the given types."""
-        if k <= 0 or self.index.ntotal == 0:
+    def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(node rows, similarities) of the k nodes of the given types most similar to `query`,
+        exactly (a flat scan), best first, ties by id."""
+        rows, vectors = self._typed_vectors(types)
+        k = min(k, len(rows))
+        if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        bits, selector, params = self._selector(types)
-        params.efSearch = max(ef_search, k)
-        scores, rows = self.index.search(query.reshape(1, -1).astype(np.float32), k, params=params)
-        keep = rows[0] >= 0
-        return self.node_of_vector[rows[0][keep]], scores[0][keep]
+        scores = vectors @ query.astype(np.float32)
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
+        top = top[np.lexsort((top, -scores[top]))]
+        return self.node_of_vector[rows[top]], scores[top]
 
     def embed_question(self, question: str) -> np.ndarray:
         return self.embedder.embed_query(question)
@@ -155,7 +153,7 @@ class Retriever:
             raise QueryError(f"the question is {len(question):,} characters long; the limit is {MAX_QUESTION_CHARS:,}")
         return question
 
-    def entry_points(self, question: str, params: SearchConfig, ef_search: int,
+    def entry_points(self, question: str, params: SearchConfig,
                      query_vector: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
         timings = {}
         t0 = time.perf_counter()
@@ -174,7 +172,7 @@ class Retriever:
         if params.use_vector and params.vector_top_k > 0:
             if query_vector is None:
                 query_vector = self.embed_question(question)
-            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, ("S", "A", "H"), ef_search)
+            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, ("S", "A", "H"))
             vector_rows = vector_rows[similarity >= params.min_similarity]
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
@@ -184,8 +182,7 @@ class Retriever:
         question = self.check_question(question)
         started = time.perf_counter()
         query_vector = self.embed_question(question)
-        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, self.config.hnsw.ef_search,
-                                                                       query_vector)
+        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector)
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
         result = Retrieval(question=question, query_entities=entities, timings=timings)
         result.entry_points = {"exact": self.ids[exact_rows].tolist(), "vector": self.ids[vector_rows].tolist()}

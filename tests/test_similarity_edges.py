@@ -1,0 +1,85 @@
+"""The similarity edges (index/similarity_edges.py) on real vectors from the bundled model:
+exact scores, HNSW's selection rule, and an update that equals a fresh computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from noderag_cli.config import EmbeddingConfig
+from noderag_cli.embeddings import Embedder
+from noderag_cli.index import similarity_edges as se
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    words = ("river mill bridge medal society village founder archive harbour granite lighthouse orchard "
+             "railway council glacier chapel ferry quarry museum canal").split()
+    rng = np.random.default_rng(5)
+    texts = sorted({" ".join(rng.choice(words, size=rng.integers(2, 7))) for _ in range(400)})
+    vectors = Embedder(EmbeddingConfig()).embed(texts)
+    keys = np.asarray([f"S_{i:05d}" for i in range(len(texts))], dtype=object)
+    return keys, vectors
+
+
+def brute_force(vectors: np.ndarray, k: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Candidates and kept lists computed pair by pair in float64 on the same 1/2048 grid."""
+    grid = np.rint(vectors.astype(np.float64) * se.QUANT)
+    sims = grid @ grid.T
+    candidates, kept = [], []
+    for row in range(len(vectors)):
+        order = sorted((c for c in range(len(vectors)) if c != row), key=lambda c: (-sims[row, c], c))[:k]
+        chosen = []
+        for c in order:
+            if all(sims[c, r] <= sims[row, c] for r in chosen):
+                chosen.append(c)
+        candidates.append(order)
+        kept.append(chosen)
+    return candidates, kept
+
+
+def test_lists_match_a_pair_by_pair_computation(corpus):
+    keys, vectors = corpus
+    keys, vectors = keys[:150], vectors[:150]
+    result = se.neighbour_lists(keys, vectors, K)
+    candidates, kept = brute_force(vectors, K)
+    assert result.candidates[:, :K].tolist() == candidates
+    assert [result.candidates[r, :K][result.kept[r]].tolist() for r in range(len(keys))] == kept
+    assert 1 <= result.kept.sum(axis=1).min() and result.kept.sum(axis=1).max() < K  # the rule prunes
+
+
+def test_update_equals_fresh_computation(corpus):
+    keys, vectors = corpus
+    rng = np.random.default_rng(11)
+    n = len(keys)
+    base = np.sort(rng.choice(n, size=int(n * 0.8), replace=False))
+    previous = se.to_table(keys[base], se.neighbour_lists(keys[base], vectors[base], K))
+    rest = np.setdiff1d(np.arange(n), base)
+    deleted = rng.choice(base, size=12, replace=False)
+    final = np.sort(np.setdiff1d(np.concatenate([base, rest[:40]]), deleted))
+    final_keys = keys[final].copy()
+    final_vectors = vectors[final].copy()
+    moved = rng.choice(len(final), size=5, replace=False)  # same node, new text: a new key
+    final_vectors[moved] = vectors[rest[40:45]]
+    final_keys[moved] = [f"{k}:changed" for k in final_keys[moved]]
+    order = np.argsort(final_keys)
+    final_keys, final_vectors = final_keys[order], final_vectors[order]
+
+    fresh = se.neighbour_lists(final_keys, final_vectors, K)
+    update = se.neighbour_lists(final_keys, final_vectors, K, previous)
+    assert update.searched < len(final_keys) and update.pruned <= len(final_keys)
+    assert np.array_equal(update.candidates[:, :K], fresh.candidates[:, :K])
+    assert np.array_equal(update.scores[:, :K], fresh.scores[:, :K])
+    assert np.array_equal(update.kept, fresh.kept)
+    assert np.array_equal(se.pairs(update), se.pairs(fresh))
+
+
+def test_scores_do_not_depend_on_the_block(corpus):
+    _, vectors = corpus
+    grid = se.quantised(vectors)
+    full = se.scores_against(grid, np.arange(len(vectors)))
+    for rows in (np.array([7]), np.array([3, 200]), np.arange(0, len(vectors), 9)):
+        assert np.array_equal(se.scores_against(grid, rows), full[rows])
+    assert np.array_equal(full, full.T)
