@@ -425,9 +425,7 @@ def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
     id_array = np.asarray(ids, dtype=object)
     signature = {"model": embedder.model_id, "neighbours": config.similarity.neighbours,
                  "version": similarity_edges.VERSION}
-    # a node keeps its id when its text changes (an entity's attributes): stored lists match on id and vector
-    keys = np.asarray([f"{i}:{hashlib.blake2b(v.tobytes(), digest_size=8).hexdigest()}" for i, v in zip(ids, vectors, strict=True)],
-                      dtype=object)
+    keys = similarity_edges.keys(ids, vectors)
     neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
                                                   _previous_neighbours(ws, signature))
     pairs = similarity_edges.pairs(neighbours)

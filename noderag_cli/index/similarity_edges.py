@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-VERSION = 1  # of the neighbour lists' definition: stored lists of another version are not reused
+VERSION = 2  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block: small enough to stay in cache
 QUANT = 2048
@@ -140,29 +140,25 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scor
     """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
     order, deleted ones dropped. Returns (reused rows, reused rows that lost one of their first k)."""
     n = len(ids)
+    at = pc.index_in(previous["id"], value_set=pa.array(ids, pa.string()))
+    row, present = pc.fill_null(at, 0).to_numpy().astype(np.int64), pc.is_valid(at).to_numpy(zero_copy_only=False)
 
-    id_set = pa.array(ids, pa.string())
+    def flat(column: str) -> np.ndarray:
+        return pc.list_flatten(previous[column].combine_chunks()).to_numpy(zero_copy_only=False)
 
-    def rows_of(names) -> tuple[np.ndarray, np.ndarray]:
-        at = pc.index_in(names, value_set=id_set)
-        return pc.fill_null(at, 0).to_numpy().astype(np.int64), pc.is_valid(at).to_numpy(zero_copy_only=False)
-
-    def flat(column: str) -> pa.Array:
-        return pc.list_flatten(previous[column].combine_chunks())
-
-    row, present = rows_of(previous["id"])
     lengths = pc.list_value_length(previous["candidates"].combine_chunks()).to_numpy()
     owner = np.repeat(np.arange(len(row)), lengths)
     position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    flat_rows, exists = rows_of(flat("candidates"))
+    named = flat("candidates")  # rows of `previous`
+    flat_rows, exists = row[named], present[named]
     usable = present & (np.bincount(owner[exists], minlength=len(row)) >= k)
     take = exists & usable[owner]
     taken = np.bincount(owner[take], minlength=len(row))
     slot = np.arange(int(take.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
     target = row[owner[take]]
     candidates[target, slot] = flat_rows[take]
-    scores[target, slot] = flat("scores").to_numpy()[take]
-    kept[target, slot] = flat("kept").to_numpy(zero_copy_only=False)[take]
+    scores[target, slot] = flat("scores")[take]
+    kept[target, slot] = flat("kept")[take]
     lost_early = np.bincount(owner[~exists & (position < k)], minlength=len(row)) > 0
     reused, shifted = np.zeros(n, bool), np.zeros(n, bool)
     reused[row[usable]] = True
@@ -206,17 +202,27 @@ def pairs(neighbours: Neighbours) -> np.ndarray:
 
 
 def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
-    """One row per node: candidate ids, scores and kept flags (False past the first k), in order."""
+    """One row per node: its candidates (as rows of this table), scores and kept flags (False
+    past the first k), best first."""
     valid = neighbours.candidates >= 0
     kept = np.zeros(valid.shape, bool)
     kept[:, : neighbours.kept.shape[1]] = neighbours.kept
     offsets = pa.array(np.r_[0, np.cumsum(valid.sum(axis=1))].astype(np.int32))
     return pa.table({
         "id": pa.array(ids, pa.string()),
-        "candidates": pa.ListArray.from_arrays(offsets, pa.array(ids[neighbours.candidates[valid]], pa.string())),
+        "candidates": pa.ListArray.from_arrays(offsets, pa.array(neighbours.candidates[valid].astype(np.int32))),
         "scores": pa.ListArray.from_arrays(offsets, pa.array(neighbours.scores[valid], pa.float32())),
         "kept": pa.ListArray.from_arrays(offsets, pa.array(kept[valid], pa.bool_())),
     })
+
+
+def keys(ids: list[str], vectors: np.ndarray) -> np.ndarray:
+    """Row names for `neighbour_lists`: the node id and a 64-bit fingerprint of its vector (a node
+    keeps its id when its text changes, as an entity's attribute does)."""
+    bits = np.ascontiguousarray(vectors, np.float32).view(np.uint32).astype(np.uint64)
+    weights = np.random.default_rng(0).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
+    fingerprint = (bits * weights).sum(axis=1, dtype=np.uint64)
+    return np.asarray([f"{i}:{f:016x}" for i, f in zip(ids, fingerprint.tolist(), strict=True)], dtype=object)
 
 
 def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
