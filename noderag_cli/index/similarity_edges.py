@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 VERSION = 2  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024
-PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block: small enough to stay in cache
+PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
 QUANT = 2048
 SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
 SUBSAMPLE = 4  # the k-th best of every 4th column bounds the k-th best of the row from below
@@ -92,17 +92,19 @@ def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> np.nd
     kept, better candidate is more similar to it than the row's node is."""
     n, k = candidates.shape
     kept = np.zeros((n, k), bool)
-    for start in range(0, n, PRUNE_BLOCK):
-        cand = candidates[start : start + PRUNE_BLOCK]
-        score = scores[start : start + PRUNE_BLOCK] * np.float32(QUANT**2)
-        block = grid[np.maximum(cand, 0)]
-        gram = np.matmul(block, block.transpose(0, 2, 1))
+    gram = np.empty((min(n, ROW_BLOCK), k, k), np.float32)
+    for start in range(0, n, ROW_BLOCK):
+        cand = candidates[start : start + ROW_BLOCK]
+        score = scores[start : start + ROW_BLOCK] * np.float32(QUANT**2)
+        for part in range(0, len(cand), PRUNE_BLOCK):  # gathered in small blocks, which stay in cache
+            block = grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)]
+            np.matmul(block, block.transpose(0, 2, 1), out=gram[part : part + len(block)])
         valid = cand >= 0
         out = np.zeros(cand.shape, bool)
         for j in range(k):
-            blocked = (out[:, :j] & (gram[:, j, :j] > score[:, j : j + 1])).any(axis=1)
+            blocked = (out[:, :j] & (gram[: len(cand), j, :j] > score[:, j : j + 1])).any(axis=1)
             out[:, j] = valid[:, j] & ~blocked
-        kept[start : start + PRUNE_BLOCK] = out
+        kept[start : start + ROW_BLOCK] = out
     return kept
 
 
