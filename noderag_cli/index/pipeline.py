@@ -417,6 +417,25 @@ def _previous_neighbours(ws: Workspace, signature: dict) -> pa.Table | None:
     return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
 
 
+def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
+    """Each node's documents, distinct and sorted, through its chunks (a chunk text that two
+    documents share is one chunk of both)."""
+    pairs = chunks.select(["chunk_id", "doc_id"]).sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
+    chunk_of_pair = pairs["chunk_id"].to_numpy(zero_copy_only=False)
+    docs, doc_code = np.unique(pairs["doc_id"].to_numpy(zero_copy_only=False), return_inverse=True)
+    chunk_ids, first, count = np.unique(chunk_of_pair, return_index=True, return_counts=True)
+    lengths = pc.fill_null(pc.list_value_length(chunk_lists), 0).to_numpy()
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    found = pc.index_in(pc.list_flatten(chunk_lists), value_set=pa.array(chunk_ids, pa.string()))
+    known = pc.is_valid(found).to_numpy(zero_copy_only=False)
+    chunk = pc.fill_null(found, 0).to_numpy()[known]
+    owner = np.repeat(owner[known], count[chunk])
+    pair = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
+    codes = np.unique(owner.astype(np.int64) * len(docs) + doc_code[pair])
+    offsets = np.r_[0, np.cumsum(np.bincount(codes // max(len(docs), 1), minlength=len(lengths)))].astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
+
+
 def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
     """Similarity edges, the vector index, and the final nodes/edges tables."""
     nodes = _all_stage_nodes(ws).sort_by("id")
@@ -440,19 +459,13 @@ def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
     edges = merge_edges([*structural, similarity])
 
     # doc ids through chunk ids, vector rows, communities, token counts
-    chunks = _read(ws, "chunk", "chunks.parquet")
-    docs_of_chunk: dict[str, set[str]] = {}
-    for c, d in zip(chunks["chunk_id"].to_pylist(), chunks["doc_id"].to_pylist(), strict=True):
-        docs_of_chunk.setdefault(c, set()).add(d)
-    doc_ids = [sorted({d for c in cs for d in docs_of_chunk.get(c, ())}) for cs in nodes["chunk_ids"].to_pylist()]
-    row_of = {node: row for row, node in enumerate(ids)}
+    doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), _read(ws, "chunk", "chunks.parquet"))
     assignments = _read(ws, "communities", "assignments.parquet")
-    community_of = dict(zip(assignments["id"].to_pylist(), assignments["community"].to_pylist(), strict=True))
-    node_ids = nodes["id"].to_pylist()
+    community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
     columns = {name: nodes[name] for name in NODE_COLUMNS}
-    columns["doc_ids"] = pa.array(doc_ids, pa.list_(pa.string()))
-    columns["community"] = pa.array([community_of.get(i, -1) for i in node_ids], pa.int32())
-    columns["vector_row"] = pa.array([row_of.get(i, -1) for i in node_ids], pa.int32())
+    columns["doc_ids"] = doc_ids
+    columns["community"] = pc.fill_null(community, -1).cast(pa.int32())
+    columns["vector_row"] = pc.fill_null(pc.index_in(nodes["id"], value_set=pa.array(ids, pa.string())), -1).cast(pa.int32())
     final = pa.table(columns).cast(NODE_SCHEMA)
     write_parquet(ws.path("nodes.parquet"), final)
     write_parquet(ws.path("edges.parquet"), edges)
