@@ -69,8 +69,11 @@ class SearchConfig(_Section):
     vector_top_k: int = Field(10, ge=0)
     min_similarity: float = Field(0.25, ge=-1, le=1, description="vector entry points below this cosine are dropped")
     ppr_alpha: float = Field(0.5, gt=0, le=1)
-    ppr_iterations: int = Field(2, ge=0)
+    ppr_iterations: int = Field(3, ge=0, description="spec: 2; 3 with a structural walk (docs/benchmarks.md)")
     ppr_variant: Literal["paper", "lazy"] = "paper"
+    similarity_weight: float = Field(
+        0.0, ge=0, description="weight of the similarity (HNSW) edges in the walk, against 1 for a structural edge; "
+        "spec: 1; 0 measured better: similarity already picks the entry points and ranks the result")
     cross_t: int = Field(10, ge=0)
     cross_s: int = Field(30, ge=0, description="spec: 10; 30 measured better with offline units (docs/benchmarks.md)")
     cross_a: int = Field(10, ge=0)

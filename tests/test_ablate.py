@@ -20,12 +20,7 @@ from noderag_cli.evaluate.baselines import Setup, StrategySkipped
 from noderag_cli.evaluate.datasets import Question, read_jsonl
 from noderag_cli.evaluate.metrics import answer_contained, support_recall
 from noderag_cli.evaluate.run import evaluate
-from noderag_cli.evaluate.variants import (
-    _search,
-    iterations_to_converge,
-    no_hnsw_workspace,
-    without_hnsw_edges,
-)
+from noderag_cli.evaluate.variants import _search, iterations_to_converge
 from noderag_cli.search.retriever import Retrieval, RetrievedNode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,38 +83,47 @@ def test_hyde_is_skipped_offline_and_searches_chunks_with_an_engine_passage(setu
 
 def test_variants_change_what_they_say(setup, questions):
     """ppr-converge equals a walk far past convergence; no-exact has no exact entry points;
-    ppr-2 is the default; no-hnsw searches a graph with fewer edges."""
+    ppr-3 is the default."""
     assert iterations_to_converge(0.5, "paper") == 28
     converge, deep = STRATEGIES["ppr-converge"].build(setup), _search(setup.retriever, ppr_iterations=80)
-    default, ppr2 = STRATEGIES["noderag"].build(setup), STRATEGIES["ppr-2"].build(setup)
+    default, ppr3 = STRATEGIES["noderag"].build(setup), STRATEGIES["ppr-3"].build(setup)
     no_exact = STRATEGIES["no-exact"].build(setup)
     differs = 0
     for item in questions[:8]:
         assert [n.id for n in converge(item.question, 800).nodes] == [n.id for n in deep(item.question, 800).nodes]
-        assert [n.id for n in default(item.question, 800).nodes] == [n.id for n in ppr2(item.question, 800).nodes]
+        assert [n.id for n in default(item.question, 800).nodes] == [n.id for n in ppr3(item.question, 800).nodes]
         assert no_exact(item.question, 800).entry_points["exact"] == []
         differs += [n.id for n in converge(item.question, 800).nodes] != [n.id for n in default(item.question, 800).nodes]
     assert differs, "deep PPR should change some contexts"
 
 
-def test_no_hnsw_drops_similarity_edges_and_the_hnsw_share_of_weights(workspace, setup):
-    edges = pa.table({"source": ["a", "c", "e"], "target": ["b", "d", "f"], "kind": ["S-N", "similarity", "T-S"],
-                      "weight": pa.array([2.0, 1.0, 1.0], pa.float32()), "hnsw": [True, True, False]})
-    out = without_hnsw_edges(edges).to_pydict()
-    assert out == {"source": ["a", "e"], "target": ["b", "f"], "kind": ["S-N", "T-S"], "weight": [1.0, 1.0],
-                   "hnsw": [False, False]}
-    folder, note = no_hnsw_workspace(workspace)
-    assert folder == workspace / "ablation" / "no-hnsw"
-    assert "built" in note or "reused" in note
-    assert "reused" in no_hnsw_workspace(workspace)[1]
+def test_similarity_weight_zero_walks_the_graph_without_similarity_edges(workspace, setup):
+    """Weight 0 (no-hnsw, the default) walks exactly the graph without the rows of kind "similarity" and
+    without the +1 they gave structural pairs; weight 1 (the paper) walks the whole stored graph."""
+    import numpy as np
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    full, cut = pq.read_table(workspace / "edges.parquet"), pq.read_table(folder / "edges.parquet")
-    assert "similarity" not in cut["kind"].to_pylist()
-    structural = full.filter(pa.compute.not_equal(full["kind"], "similarity"))
-    expected = sum(structural["weight"].to_pylist()) - sum(structural["hnsw"].to_pylist())
-    assert sum(cut["weight"].to_pylist()) == pytest.approx(expected)
-    assert cut.num_rows == structural.num_rows
+    from noderag_cli.graph import Graph
+    from noderag_cli.search.ppr import transition
+
+    retriever = setup.retriever
+    edges = pq.read_table(workspace / "edges.parquet")
+    nodes = pa.table({"id": pa.array(retriever.ids.tolist()), "type": pa.array(retriever.types.tolist())})
+    structural = edges.filter(pc.not_equal(edges["kind"], "similarity"))
+    weight = pc.subtract(structural["weight"], structural["hnsw"].cast(pa.float32()))
+    structural = structural.set_column(structural.schema.get_field_index("weight"), "weight", weight)
+    structural = structural.filter(pc.greater(structural["weight"], 0))
+    assert edges.num_rows > structural.num_rows  # the sample graph has similarity edges
+    without = transition(Graph.from_tables(nodes, structural).adjacency)
+    assert abs(retriever.transition(0.0) - without).max() == 0
+    assert abs(retriever.transition(1.0) - transition(retriever.graph.adjacency)).max() < 1e-15
+    assert retriever.transition(0.0) is retriever.transition(0.0)  # built once per weight
+    no_hnsw, default = STRATEGIES["no-hnsw"].build(setup), STRATEGIES["noderag"].build(setup)
+    with_hnsw = _search(retriever, similarity_weight=1.0)
+    question = "Which company built the steamer that rescued 41 sailors during the Great Storm of 1871?"
+    assert [n.id for n in no_hnsw(question, 800).nodes] == [n.id for n in default(question, 800).nodes]
+    assert with_hnsw(question, 800).nodes and np.isfinite([n.score for n in with_hnsw(question, 800).nodes]).all()
 
 
 # --------------------------------------------------------------------------- metrics on hand-checked cases

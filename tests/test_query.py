@@ -58,6 +58,34 @@ def test_context_never_exceeds_the_budget_and_never_shows_names(session, budget)
         assert len({node.id for node in result.nodes}) == len(result.nodes)
 
 
+def test_no_sentence_appears_twice_in_the_context(session):
+    from noderag_cli.search.context import sentence_keys
+
+    for budget in (1000, 4000):
+        params = session.retriever.config.search.model_copy(update={"budget_tokens": budget})
+        for item in QUESTIONS:
+            seen: set[str] = set()
+            for node in session.retrieve(item["question"], params).nodes:
+                keys = sentence_keys(node.text)
+                assert seen.isdisjoint(keys), (item["question"], node.id)
+                seen |= keys
+
+
+def test_similarity_weight_is_a_per_call_setting_of_the_walk(session):
+    """Walking the similarity edges (the paper's weight 1) reaches other nodes than the structural
+    walk (the default, 0), with the same workspace opened once."""
+    retriever = session.retriever
+    assert retriever.config.search.similarity_weight == 0.0
+    paper = retriever.config.search.model_copy(update={"similarity_weight": 1.0})
+    differs = 0
+    for item in QUESTIONS:
+        default = [n.id for n in session.retrieve(item["question"]).nodes]
+        walked = [n.id for n in session.retrieve(item["question"], paper).nodes]
+        differs += default != walked
+    assert differs
+    assert retriever.transition(0.0).nnz < retriever.transition(1.0).nnz
+
+
 def test_context_is_deterministic_and_grouped_by_type(session):
     first = session.retrieve(QUESTIONS[0]["question"]).as_dict()
     second = session.retrieve(QUESTIONS[0]["question"]).as_dict()

@@ -39,6 +39,21 @@ def test_shallow_ppr_equals_the_formula(variant, iterations):
     assert got.sum() == pytest.approx(dense_ppr(adjacency, entries, 0.5, iterations, variant).sum())
 
 
+def test_top_per_group_equals_a_full_sort_per_group():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 300))
+        scores = np.round(rng.random(n), 1) * (rng.random(n) < 0.8)  # many ties, some zeros
+        groups = rng.integers(0, 5, n)
+        eligible = rng.random(n) < 0.9
+        quotas = {int(g): int(rng.integers(0, 12)) for g in rng.permutation(5)}
+        expected = []
+        for group, quota in quotas.items():
+            members = [i for i in range(n) if groups[i] == group and eligible[i] and scores[i] > 0]
+            expected += sorted(members, key=lambda i: (-scores[i], i))[:quota]
+        assert top_per_group(scores, groups, eligible, quotas).tolist() == expected
+
+
 def test_top_per_group_takes_the_best_of_each_group_ties_by_position():
     scores = np.array([0.5, 0.9, 0.9, 0.1, 0.0, 0.7, 0.3])
     groups = np.array([0, 0, 0, 1, 1, 1, 2])
@@ -53,9 +68,14 @@ def test_budget_is_never_exceeded_and_repeated_statements_are_skipped():
     tokens = np.array([10, 12, 9, 50])
     rows = np.arange(4)
     kept = fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, 40, texts)
-    assert kept.tolist() == [0, 1, 2]  # row 1 brings one new sentence of two: kept; row 3 would overflow
+    assert kept.tolist() == [0, 2]  # row 1 repeats row 0's sentence: skipped; row 3 would overflow
     kept = fit_budget(np.array([1, 0]), np.array([0.9, 0.8]), tokens, 40, texts)
     assert kept.tolist() == [1]  # row 0's only sentence is already in row 1
+    keys = [sentence_keys(t) for t in texts]
+    for budget in (5, 19, 21, 40, 100):  # precomputed keys and texts give the same context
+        assert fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, budget, keys=keys).tolist() == \
+            fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, budget, texts).tolist()
+    assert fit_budget(rows, np.array([0.6, 0.7, 0.8, 0.9]), tokens, 21).tolist() == [2, 1]  # no dedupe: 9 + 12
     assert sentence_keys("A: B: Some statement here. Another one here!") == {"some statement here.", "another one here!"}
 
 

@@ -97,7 +97,7 @@ def vector_context(retriever: Retriever, question: str, budget: int, types: tupl
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     scores[rows] = similarity
     kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget,
-                              retriever.texts if dedupe else None)
+                              keys=retriever.sentence_keys if dedupe else None)
     return _finish(retriever, question, kept, scores, started)
 
 
@@ -117,7 +117,7 @@ def fill_sections(retriever: Retriever, sections: list[tuple[np.ndarray, np.ndar
         fresh = (~taken[rows]) & (values > 0)
         rows, values = rows[fresh], values[fresh]
         allowance = min(allowance, budget - used_total)
-        chosen = context.fit_budget(rows, values, retriever.tokens, allowance, retriever.texts)
+        chosen = context.fit_budget(rows, values, retriever.tokens, allowance, keys=retriever.sentence_keys)
         used = int(retriever.tokens[chosen].sum()) if len(chosen) else 0
         carry = allowance - used
         used_total += used

@@ -4,7 +4,7 @@ Every variant runs on the same indexed workspace, without re-indexing:
 
 - `noderag`: the full search with the workspace's search settings (the defaults unless its
   config changes them). Every other variant changes one thing against it.
-- `ppr-1` ... `ppr-10`: PPR iterations (`ppr-2` is the default, so it equals `noderag`).
+- `ppr-1` ... `ppr-10`: PPR iterations (`ppr-3` is the default, so it equals `noderag`).
 - `ppr-converge`: "deep" PPR, run to convergence. `SearchConfig.ppr_iterations` must be an int
   and the query path runs a fixed number of steps, so the variant runs the number of steps that
   provably reaches convergence (`iterations_to_converge`: 28 for alpha 0.5 at tolerance 1e-8),
@@ -14,11 +14,11 @@ Every variant runs on the same indexed workspace, without re-indexing:
 - `graph-vector`: the same over the graph's own nodes S, A, H only; compare with the `naive`
   baseline (vector over text chunks T), the paper's "vector similarity on node data vs on chunks".
 - `no-exact`: dual search without its exact side (`use_exact` False): entry points by vector only.
-- `no-hnsw`: the heterograph without HNSW similarity edges. This needs another graph, built once
-  from edges.parquet (rows of kind "similarity" dropped; a structural pair that was also in the
-  HNSW base layer loses the +1 HNSW gave it) and cached in WORKSPACE/ablation/no-hnsw/, keyed by
-  the digest of edges.parquet so a re-indexed workspace rebuilds it. That folder is a shadow
-  workspace (the other files linked in), opened by an ordinary Retriever: the same search code.
+- `no-hnsw`: the walk without the similarity (HNSW) edges (`similarity_weight` 0). That is now the
+  default, so it equals `noderag` unless the workspace's config walks them (`configs/paper.yaml`
+  walks them at the paper's weight 1). The weight only changes the transition matrix the walk
+  uses (built once per weight when the workspace is opened): weight 0 is exactly the graph without
+  the rows of kind "similarity" and without the +1 they gave structural pairs.
 - `lazy-ppr`: the reference code's lazy walk (`ppr_variant` "lazy").
 - `paper-rank`: the paper's ranking, raw PPR scores (`rank` "ppr"), instead of this project's
   walk mass times similarity.
@@ -26,22 +26,11 @@ Every variant runs on the same indexed workspace, without re-indexing:
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..config import SearchConfig
-from ..graph import EDGE_SCHEMA
 from ..search.retriever import Retriever
-from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, write_parquet
-from .baselines import Setup, Strategy, StrategySpec, vector_context
-
-NO_HNSW_DIR = Path("ablation") / "no-hnsw"
-
+from .baselines import Strategy, StrategySpec, vector_context
 
 CONVERGENCE_TOLERANCE = 1e-8
 MAX_ITERATIONS = 200
@@ -78,60 +67,6 @@ def _search(retriever: Retriever, **overrides) -> Strategy:
     return run
 
 
-# --------------------------------------------------------------------------- no-hnsw
-def without_hnsw_edges(edges: pa.Table) -> pa.Table:
-    """The edge table as if the HNSW stage had added nothing: rows of kind "similarity" dropped, and
-    1 taken off the weight of the structural pairs that were also in the HNSW base layer."""
-    table = edges.filter(pc.not_equal(edges["kind"], "similarity"))
-    weight = pc.subtract(table["weight"].cast(pa.float32()), table["hnsw"].cast(pa.float32()))
-    table = table.set_column(table.schema.get_field_index("weight"), "weight", weight)
-    table = table.set_column(table.schema.get_field_index("hnsw"), "hnsw",
-                             pa.array([False] * table.num_rows, pa.bool_()))
-    return table.filter(pc.greater(table["weight"], 0)).cast(EDGE_SCHEMA)
-
-
-SHADOW_SKIP = {"edges.parquet", "ablation", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm", ".lock", "noderag.log"}
-
-
-def no_hnsw_workspace(workspace: Path) -> tuple[Path, str]:
-    """A shadow workspace in WORKSPACE/ablation/no-hnsw/: every file of the workspace linked in,
-    except edges.parquet, which is the no-HNSW edge table, rebuilt only when the workspace's own
-    edges.parquet changed. A Retriever opens it the normal way, so the ablation searches with
-    exactly the code the full search uses. Returns the folder and a note on what was done."""
-    source = workspace / "edges.parquet"
-    digest = file_digest(source)
-    folder = workspace / NO_HNSW_DIR
-    stamp, cached = folder / "source.json", folder / "edges.parquet"
-    try:
-        current = cached.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("edges_digest") == digest
-    except (OSError, ValueError):
-        current = False
-    try:
-        if not current:
-            write_parquet(cached, without_hnsw_edges(pq.read_table(source)))
-            atomic_write_bytes(stamp, json.dumps({"edges_digest": digest}).encode())
-        for entry in workspace.iterdir():
-            if entry.name in SHADOW_SKIP or entry.name.startswith(".edges"):
-                continue
-            link = folder / entry.name
-            if link.is_symlink() and link.resolve() == entry.resolve():
-                continue
-            if link.is_symlink() or link.is_file():
-                link.unlink()
-            link.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-    except OSError as err:
-        raise WorkspaceError(f"cannot build the no-hnsw graph in {folder}: {err.strerror or err}") from None
-    return folder, f"no-hnsw graph {'reused from' if current else 'built in'} {folder}"
-
-
-def _no_hnsw(setup: Setup) -> Strategy:
-    folder, note = no_hnsw_workspace(setup.workspace)
-    retriever = setup.retriever
-    shadow = Retriever(Workspace(folder), retriever.config, retriever.engine, retriever.embedder)
-    setup.notes.append(note)
-    return _search(shadow)
-
-
 # --------------------------------------------------------------------------- registry
 def _variants() -> dict[str, StrategySpec]:
     specs = [StrategySpec("noderag", "noderag", "full NodeRAG search (dual search, shallow PPR, cross nodes)",
@@ -148,7 +83,8 @@ def _variants() -> dict[str, StrategySpec]:
                      lambda s: lambda q, b: vector_context(s.retriever, q, b, ("S", "A", "H"))),
         StrategySpec("no-exact", "ablation", "dual search without the exact side (table 2)",
                      lambda s: _search(s.retriever, use_exact=False)),
-        StrategySpec("no-hnsw", "ablation", "no HNSW similarity edges in the graph (table 2)", _no_hnsw),
+        StrategySpec("no-hnsw", "ablation", "no HNSW similarity edges in the walk (table 2)",
+                     lambda s: _search(s.retriever, similarity_weight=0.0)),
         StrategySpec("lazy-ppr", "ablation", "the reference code's lazy PPR walk",
                      lambda s: _search(s.retriever, ppr_variant="lazy")),
         StrategySpec("paper-rank", "ablation", "the paper's raw PPR ranking instead of walk x similarity",

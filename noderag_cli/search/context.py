@@ -10,6 +10,7 @@ then shown grouped by type.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,38 +35,59 @@ def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
 
 def top_per_group(scores: np.ndarray, groups: np.ndarray, eligible: np.ndarray, quotas: dict[int, int]) -> np.ndarray:
     """Positions of the quota best-scoring eligible items of each group (positive scores only),
-    ties by position: one sort for all groups."""
+    best first within a group, ties by position; groups in the order of `quotas`. One stable sort
+    by group, then per group a partial sort of its slice."""
     candidates = np.flatnonzero(eligible & (scores > 0))
-    order = candidates[np.lexsort((candidates, -scores[candidates], groups[candidates]))]
-    sorted_groups = groups[order]
+    by_group = candidates[np.argsort(groups[candidates], kind="stable")]
+    bounds = np.searchsorted(groups[by_group], [g for group in quotas for g in (group, group + 1)])
     picked = []
-    for group, quota in quotas.items():
-        lo, hi = np.searchsorted(sorted_groups, [group, group + 1])
-        picked.append(order[lo : min(hi, lo + quota)])
+    for quota, lo, hi in zip(quotas.values(), bounds[0::2], bounds[1::2], strict=True):
+        members = by_group[lo:hi]  # ascending positions
+        if quota <= 0 or not len(members):
+            continue
+        values = scores[members]
+        if len(members) > quota:
+            threshold = values[np.argpartition(-values, quota - 1)[quota - 1]]
+            chosen = values >= threshold  # ties at the threshold stay, then the cut keeps the first positions
+            members, values = members[chosen], values[chosen]
+        picked.append(members[np.argsort(-values, kind="stable")][:quota])
     return np.concatenate(picked) if picked else np.zeros(0, np.int64)
 
 
 def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
-               texts: np.ndarray | None = None) -> np.ndarray:
+               texts: np.ndarray | None = None, keys: Sequence[frozenset[str]] | None = None) -> np.ndarray:
     """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would
-    overflow is skipped, not the rest. With texts, a node that is mostly already in the context
-    (a unit inside its chunk, an extractive attribute repeating units) is skipped too: at least
-    half of its sentences must be new."""
+    overflow is skipped, not the rest. With texts (or their `sentence_keys`, precomputed per row as
+    `keys`), a node that repeats a sentence already in the context (a unit inside a chunk already
+    shown, an extractive attribute repeating units) is skipped too: its tokens would buy a sentence
+    twice, and what else it says is within reach as units of its own."""
     if len(rows) == 0:
         return rows
     order = np.lexsort((rows, -priority))
     rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
+    fits = cost <= budget
+    rows, cost = rows[fits], cost[fits]
+    if keys is None and texts is None:
+        # no dedupe: a node is kept when it fits what the nodes before it left
+        kept, used = [], 0
+        for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
+            if used + size <= budget:
+                kept.append(row)
+                used += size
+        return np.asarray(kept, dtype=np.int64)
     kept, used, shown = [], 0, set()
+    smallest = int(cost.min()) if len(cost) else 0
     for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
         if used + size > budget:
             continue
-        if texts is not None:
-            keys = sentence_keys(texts[row])
-            if keys and 2 * len(keys - shown) < len(keys):
-                continue
-            shown |= keys
+        node_keys = keys[row] if keys is not None else sentence_keys(texts[row])
+        if not shown.isdisjoint(node_keys):
+            continue
+        shown.update(node_keys)
         kept.append(row)
         used += size
+        if budget - used < smallest:
+            break
     return np.asarray(kept, dtype=np.int64)
 
 
@@ -73,11 +95,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _SUBJECT = re.compile(r"^(?:[^:.!?]{1,120}: )+")
 
 
-def sentence_keys(text: str) -> set[str]:
+def sentence_keys(text: str) -> frozenset[str]:
     """Each sentence of a node, without "Subject: " prefixes, case- and space-folded."""
     keys = set()
     for sentence in _SENTENCE_END.split(text):
         key = " ".join(_SUBJECT.sub("", sentence).split()).casefold()
         if len(key) > 12:
             keys.add(key)
-    return keys
+    return frozenset(keys)

@@ -35,6 +35,7 @@ class NameIndex:
             words = name_words(name)
             if words and len(words) <= MAX_NAME_WORDS:
                 self._rows[words].append(row)
+        self._longest = max(map(len, self._rows), default=0)  # no n-gram longer than this can match
 
     def match(self, phrase: str, require_capital: bool = False) -> list[int]:
         """Rows of the names occurring in phrase on word boundaries, longest first: a word inside a
@@ -44,7 +45,7 @@ class NameIndex:
         words = name_words(phrase)
         found: list[int] = []
         covered = [False] * len(words)
-        for size in range(min(len(words), MAX_NAME_WORDS), 0, -1):
+        for size in range(min(len(words), self._longest), 0, -1):
             for start in range(len(words) - size + 1):
                 gram = words[start : start + size]
                 rows = self._rows.get(gram)

@@ -1,6 +1,7 @@
-"""The loaded workspace for search: node arrays, P^T in CSR, the name index and the faiss
-index are read once when a workspace is opened; a query then costs a few dictionary
-lookups, one HNSW search, two sparse mat-vecs and a partial sort.
+"""The loaded workspace for search: node arrays, the transition matrices, the name index, the
+vectors and each node's sentence keys and source documents are read once when a workspace is
+opened; a query then costs a few dictionary lookups, one exact scan of the S, A and H vectors,
+a few sparse gathers (the walk reads only the rows that carry mass) and partial sorts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import scipy.sparse as sp
 
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder
@@ -27,8 +30,36 @@ MAX_QUESTION_CHARS = 20_000
 PREFILTER = 4  # walk_similarity: candidates per quota slot scored by similarity
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
-LEADER_CODES = [TYPE_CODE["N"], TYPE_CODE["O"]]
-LED_CODES = [TYPE_CODE["A"], TYPE_CODE["H"]]
+IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
+IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])
+
+
+def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """vectors @ query in one thread (faiss's SIMD kernel): BLAS would split a gemv this small
+    over threads, and on a busy machine waiting for the second thread costs milliseconds."""
+    query = np.ascontiguousarray(query, dtype=np.float32)
+    out = np.empty(len(vectors), dtype=np.float32)
+    if len(vectors):
+        faiss.fvec_inner_products_ny(faiss.swig_ptr(out), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
+                                     vectors.shape[1], len(vectors))
+    return out
+
+
+def neighbours(adjacency: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    """Column indices of the given CSR rows, concatenated (with repeats), without building a sub-matrix."""
+    starts, stops = adjacency.indptr[rows], adjacency.indptr[rows + 1]
+    counts = stops - starts
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+    return adjacency.indices[offsets]
+
+
+def similarity_share(edges: pa.Table) -> pa.Table:
+    """The similarity part of each edge: weight 1 on every pair the similarity stage added (a row of
+    kind "similarity", or a structural pair it also found, whose weight it raised by 1), none elsewhere."""
+    hnsw = edges["hnsw"]
+    table = edges.filter(hnsw)
+    return table.set_column(table.schema.get_field_index("weight"), "weight",
+                            pa.array(np.ones(table.num_rows, np.float32)))
 
 
 class QueryError(ValueError):
@@ -97,9 +128,13 @@ class Retriever:
         self.doc_ids = nodes["doc_ids"].to_pylist()
         documents = ws.read_table(ws.path("documents.parquet"), ["doc_id", "path"])
         self.doc_path = dict(zip(documents["doc_id"].to_pylist(), documents["path"].to_pylist(), strict=True))
-        self.transition = transition(self.graph.adjacency)
-        self.transition_t = self.transition.T.tocsr()
-        self.adjacency = self.graph.adjacency
+        # the adjacency split in two: structural edges, and the similarity (HNSW) share of each pair,
+        # so the walk can weigh similarity edges by search.similarity_weight without re-indexing
+        similar = Graph.from_tables(nodes, similarity_share(edges)).adjacency
+        self.structural = (self.graph.adjacency - similar).tocsr()
+        self.structural.eliminate_zeros()
+        self.similar = similar
+        self._transitions: dict[float, sp.csr_matrix] = {}
 
         vector_row = nodes["vector_row"].to_numpy()
         embedded = np.flatnonzero(vector_row >= 0)
@@ -115,7 +150,15 @@ class Retriever:
         names = np.flatnonzero(np.isin(self.types, ["N", "O"]))
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
         self.names = NameIndex([name_texts[i] for i in names.tolist()], names)
+        # per node, computed once: the sentences the budget dedupes on, and the source documents shown
+        retrievable = np.isin(self.types, list(context.TYPE_ORDER))
+        self.sentence_keys = [context.sentence_keys(t) if keep else frozenset()
+                              for t, keep in zip(self.texts.tolist(), retrievable.tolist(), strict=True)]
+        self.documents = [sorted(self.doc_path.get(d, d) for d in docs) for docs in self.doc_ids]
         self.rows_by_type = {t: np.flatnonzero(self.types == t) for t in "TSNRAHO"}
+        self.context_rank = np.full(len(self.ids), len(context.TYPE_ORDER), dtype=np.int8)
+        for rank, node_type in enumerate(context.TYPE_ORDER):
+            self.context_rank[self.rows_by_type[node_type]] = rank
         self.type_codes = np.zeros(len(self.ids), dtype=np.int8)
         for node_type, code in TYPE_CODE.items():
             self.type_codes[self.rows_by_type[node_type]] = code
@@ -136,10 +179,18 @@ class Retriever:
         k = min(k, len(rows))
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        scores = vectors @ query.astype(np.float32)
+        scores = inner_products(vectors, query)
         top = np.argpartition(-scores, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
         top = top[np.lexsort((top, -scores[top]))]
         return self.node_of_vector[rows[top]], scores[top]
+
+    def transition(self, similarity_weight: float) -> sp.csr_matrix:
+        """P (row-normalised) of structural edges + similarity_weight x similarity edges, built once per weight."""
+        weight = float(similarity_weight)
+        if weight not in self._transitions:
+            adjacency = self.structural + weight * self.similar if weight else self.structural
+            self._transitions[weight] = transition(adjacency.tocsr())
+        return self._transitions[weight]
 
     def embed_question(self, question: str) -> np.ndarray:
         return self.embedder.embed_query(question)
@@ -191,13 +242,13 @@ class Retriever:
             return result
 
         t0 = time.perf_counter()
-        support, mass = shallow_ppr(self.transition, entries, params.ppr_alpha, params.ppr_iterations,
+        support, mass = shallow_ppr(self.transition(params.similarity_weight), entries, params.ppr_alpha, params.ppr_iterations,
                                     params.ppr_variant)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
         rows, relevance = self.select(support, mass, entries, params, query_vector)
-        kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, self.texts)
+        kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
         scores = np.zeros(len(self.ids), dtype=np.float64)
         scores[rows] = relevance
         result.nodes = self.nodes_for(kept, scores)
@@ -228,12 +279,11 @@ class Retriever:
         quotas = {TYPE_CODE[t]: q * (PREFILTER if similarity_rank else 1) for t, q in params.quotas().items()}
         quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
         cross = context.top_per_group(walk, codes, ~is_entry, quotas)
-        leaders = np.concatenate([np.flatnonzero(is_entry & np.isin(codes, LEADER_CODES)),
-                                  cross[codes[cross] == TYPE_CODE["N"]]])
+        leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), cross[codes[cross] == TYPE_CODE["N"]]])
         led = np.zeros(0, np.int64)
         if len(leaders):
-            reached = self.adjacency[support[leaders]].indices
-            reached = np.unique(reached[np.isin(self.type_codes[reached], LED_CODES)])
+            reached = neighbours(self.structural, support[leaders])
+            reached = np.unique(reached[IS_LED[self.type_codes[reached]]])
             led = np.searchsorted(support, reached)  # reached from a node with mass: always in the support
         retrievable_entries = np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE))
         pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
@@ -253,11 +303,12 @@ class Retriever:
         return support[pool[chosen]], score[chosen]
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
-        rank = {t: i for i, t in enumerate(context.TYPE_ORDER)}
-        ordered = sorted(rows.tolist(), key=lambda r: (rank[self.types[r]], -scores[r], self.ids[r]))
+        """The context's nodes grouped by type (H, A, S, R, T), each group by score, ties by id (= row order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        ordered = rows[np.lexsort((rows, -scores[rows], self.context_rank[rows]))].tolist()
         return [
-            RetrievedNode(self.ids[r], self.types[r], float(scores[r]), self.texts[r],
-                          sorted(self.doc_path.get(d, d) for d in self.doc_ids[r]), int(self.tokens[r]))
+            RetrievedNode(self.ids[r], self.types[r], float(scores[r]), self.texts[r], list(self.documents[r]),
+                          int(self.tokens[r]))
             for r in ordered
         ]
 
