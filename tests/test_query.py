@@ -86,6 +86,42 @@ def test_similarity_weight_is_a_per_call_setting_of_the_walk(session):
     assert retriever.transition(0.0).nnz < retriever.transition(1.0).nnz
 
 
+def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
+    """walk_similarity ranks every retrievable node of the support: the cross nodes of each type are
+    its quota best by sqrt(walk) x similarity, computed here the long way with full dot products."""
+    import numpy as np
+
+    from noderag_cli.search.ppr import shallow_ppr
+    from noderag_cli.search.retriever import TYPE_CODE
+
+    r = session.retriever
+    params = r.config.search
+    for item in QUESTIONS:
+        query = r.embed_question(item["question"])
+        exact, vector, _, _ = r.entry_points(item["question"], params, query)
+        entries = np.union1d(exact, vector).astype(np.int64)
+        support, mass = shallow_ppr(r.transition(params.similarity_weight), entries, params.ppr_alpha,
+                                    params.ppr_iterations)
+        rows, scores = r.select(support, mass, entries, params, query, r.similarities(query))
+        walk = dict(zip(support.tolist(), mass.tolist(), strict=True))
+        for e in entries.tolist():
+            walk[e] = max(walk[e] - params.ppr_alpha / len(entries), 0.0)
+        candidates = [n for n in support.tolist() if r.types[n] in "TSAHR"]
+        embedded = [n for n in candidates if r.vector_of_node[n] >= 0]
+        cosine = {n: max(float(r.vectors[r.vector_of_node[n]] @ query), 0.0) for n in embedded}
+        mean = sum(cosine.values()) / len(cosine)
+        score = {n: np.sqrt(walk[n]) * cosine.get(n, mean * 0.5) * (params.chunk_weight if r.types[n] == "T" else 1)
+                 for n in candidates}
+        got = dict(zip(rows.tolist(), scores.tolist(), strict=True))
+        for node_type, quota in params.quotas().items():
+            ranked = sorted((n for n in candidates if r.types[n] == node_type and n not in entries and score[n] > 0),
+                            key=lambda n: (-score[n], n))
+            assert set(ranked[:quota]) <= set(got), node_type
+            for n in ranked[:quota]:
+                assert got[n] == pytest.approx(score[n], rel=1e-5)
+        assert all(r.type_codes[n] <= TYPE_CODE["R"] for n in got)
+
+
 def test_context_is_deterministic_and_grouped_by_type(session):
     first = session.retrieve(QUESTIONS[0]["question"]).as_dict()
     second = session.retrieve(QUESTIONS[0]["question"]).as_dict()

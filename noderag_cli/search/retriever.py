@@ -27,9 +27,9 @@ from .entry import NameIndex
 from .ppr import shallow_ppr, transition
 
 MAX_QUESTION_CHARS = 20_000
-PREFILTER = 4  # walk_similarity: candidates per quota slot scored by similarity
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
+SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])
 
@@ -146,6 +146,9 @@ class Retriever:
             raise WorkspaceError(f"workspace vectors have dimension {self.index.d}, the embedder gives {embedder.dim}")
         self.vectors = self.index.reconstruct_n(0, self.index.ntotal) if self.index.ntotal else np.zeros((0, embedder.dim), np.float32)
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self.scanned_position = np.full(len(self.vectors), -1, dtype=np.int64)  # vector row -> place in the scan
+        scanned_rows = self._typed_vectors(SCANNED)[0]
+        self.scanned_position[scanned_rows] = np.arange(len(scanned_rows))
 
         names = np.flatnonzero(np.isin(self.types, ["N", "O"]))
         name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
@@ -162,6 +165,11 @@ class Retriever:
         self.type_codes = np.zeros(len(self.ids), dtype=np.int8)
         for node_type, code in TYPE_CODE.items():
             self.type_codes[self.rows_by_type[node_type]] = code
+        # the structural edges that end in an A or H node: what an entity or overview leads to
+        ends_led = IS_LED[self.type_codes[self.structural.indices]]
+        starts = np.repeat(np.arange(len(self.ids)), np.diff(self.structural.indptr))
+        self.leads_to = sp.csr_matrix((self.structural.data[ends_led], (starts[ends_led], self.structural.indices[ends_led])),
+                                      shape=self.structural.shape)
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
 
     # vector side ---------------------------------------------------------------
@@ -172,16 +180,27 @@ class Retriever:
             self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows]))
         return self._by_types[types]
 
-    def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def similarities(self, query: np.ndarray) -> np.ndarray:
+        """Cosine of the query to the S, A and H vectors, in the order of `_typed_vectors(SCANNED)`:
+        one exact scan, the vector side's candidates. Chunks are scored only when the walk reaches
+        them, which spares reading a fifth of the vectors per query (the scan is memory-bound)."""
+        return inner_products(self._typed_vectors(SCANNED)[1], query)
+
+    def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...],
+                      similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(node rows, similarities) of the k nodes of the given types most similar to `query`,
-        exactly (a flat scan), best first, ties by id."""
+        exactly (a flat scan, or, for SCANNED types, `similarities` already computed), best first,
+        ties by id."""
         rows, vectors = self._typed_vectors(types)
         k = min(k, len(rows))
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        scores = inner_products(vectors, query)
-        top = np.argpartition(-scores, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
-        top = top[np.lexsort((top, -scores[top]))]
+        scores = similarities if similarities is not None and types == SCANNED else inner_products(vectors, query)
+        if k < len(rows):  # every score tied with the k-th best competes; the cut below keeps the lower ids
+            top = np.flatnonzero(scores >= scores[np.argpartition(scores, len(rows) - k)[len(rows) - k]])
+        else:
+            top = np.arange(len(rows))
+        top = top[np.lexsort((top, -scores[top]))][:k]
         return self.node_of_vector[rows[top]], scores[top]
 
     def transition(self, similarity_weight: float) -> sp.csr_matrix:
@@ -204,8 +223,8 @@ class Retriever:
             raise QueryError(f"the question is {len(question):,} characters long; the limit is {MAX_QUESTION_CHARS:,}")
         return question
 
-    def entry_points(self, question: str, params: SearchConfig,
-                     query_vector: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    def entry_points(self, question: str, params: SearchConfig, query_vector: np.ndarray | None = None,
+                     similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
         timings = {}
         t0 = time.perf_counter()
         entities = self.engine.query_entities(question) if params.use_exact else []
@@ -223,7 +242,7 @@ class Retriever:
         if params.use_vector and params.vector_top_k > 0:
             if query_vector is None:
                 query_vector = self.embed_question(question)
-            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, ("S", "A", "H"))
+            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, SCANNED, similarities)
             vector_rows = vector_rows[similarity >= params.min_similarity]
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
@@ -233,7 +252,11 @@ class Retriever:
         question = self.check_question(question)
         started = time.perf_counter()
         query_vector = self.embed_question(question)
-        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector)
+        t0 = time.perf_counter()
+        similarities = self.similarities(query_vector)
+        scan_ms = (time.perf_counter() - t0) * 1000
+        exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector, similarities)
+        timings["vector_ms"] += scan_ms
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
         result = Retrieval(question=question, query_entities=entities, timings=timings)
         result.entry_points = {"exact": self.ids[exact_rows].tolist(), "vector": self.ids[vector_rows].tolist()}
@@ -247,7 +270,7 @@ class Retriever:
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        rows, relevance = self.select(support, mass, entries, params, query_vector)
+        rows, relevance = self.select(support, mass, entries, params, query_vector, similarities)
         kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
         scores = np.zeros(len(self.ids), dtype=np.float64)
         scores[rows] = relevance
@@ -257,60 +280,73 @@ class Retriever:
         return result
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
-               query_vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
         each is ranked by in the context. Works on the walk's support only, never the whole graph.
 
         rank "ppr" (the paper): cross nodes are the top PPR scores per type, ranked by PPR.
         rank "walk_similarity": a node's walk mass is its PPR score less its own teleport share
         (alpha/|entries| for an entry point, which would otherwise outrank every cross node);
-        the PREFILTER x quota nodes of each type with the most walk mass are scored by
-        sqrt(walk) x similarity to the question and the quota best are kept. R nodes, never
-        embedded, take the pool's mean similarity at half weight, on one scale with the rest.
-        Entity and overview nodes count for what they lead to: the A nodes of matched or
-        top-scoring N nodes, the H nodes of matched O nodes."""
+        every retrievable node the walk reached is scored by sqrt(walk) x similarity to the
+        question (`similarities`: the query's cosine to the S, A and H vectors, from the scan that
+        also found the vector entry points; chunks are scored here) and the quota best of each type are kept. R nodes, never
+        embedded, take the mean similarity of the reached embedded nodes at half weight, on one
+        scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
+        matched or top-scoring N nodes, the H nodes of matched O nodes."""
         codes = self.type_codes[support]
         is_entry = np.zeros(len(support), dtype=bool)
         is_entry[np.searchsorted(support, entries)] = True
-        walk = mass.copy()
-        similarity_rank = params.rank == "walk_similarity"
-        if similarity_rank:
-            walk[is_entry] = np.maximum(walk[is_entry] - params.ppr_alpha / len(entries), 0.0)
-        quotas = {TYPE_CODE[t]: q * (PREFILTER if similarity_rank else 1) for t, q in params.quotas().items()}
-        quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
-        cross = context.top_per_group(walk, codes, ~is_entry, quotas)
-        leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), cross[codes[cross] == TYPE_CODE["N"]]])
-        led = np.zeros(0, np.int64)
-        if len(leaders):
-            reached = neighbours(self.structural, support[leaders])
-            reached = np.unique(reached[IS_LED[self.type_codes[reached]]])
-            led = np.searchsorted(support, reached)  # reached from a node with mass: always in the support
         retrievable_entries = np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE))
-        pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
-        if not similarity_rank:
+        if params.rank != "walk_similarity":
+            quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
+            quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
+            cross = context.top_per_group(mass, codes, ~is_entry, quotas)
+            led = self._led(support, codes, is_entry, cross[codes[cross] == TYPE_CODE["N"]])
+            pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
             return support[pool], mass[pool]
 
+        walk = mass.copy()
+        walk[is_entry] = np.maximum(walk[is_entry] - params.ppr_alpha / len(entries), 0.0)
+        entities = context.top_rows(walk, np.flatnonzero(~is_entry & (codes == TYPE_CODE["N"])), params.cross_a)
+        led = self._led(support, codes, is_entry, entities)
+        pool = np.flatnonzero(codes <= MAX_RETRIEVABLE_CODE)
+        if similarities is None:
+            similarities = self.similarities(query_vector)
         vector_rows = self.vector_of_node[support[pool]]
         embedded = vector_rows >= 0
         similarity = np.zeros(len(pool))
-        similarity[embedded] = np.maximum(np.einsum("ij,j->i", self.vectors[vector_rows[embedded]], query_vector), 0.0)
+        position = self.scanned_position[vector_rows[embedded]]
+        found = similarities[position]
+        unscanned = position < 0  # chunks: scored here, only those the walk reached
+        if unscanned.any():
+            found[unscanned] = inner_products(self.vectors[vector_rows[embedded][unscanned]], query_vector)
+        similarity[embedded] = np.maximum(found, 0.0)
         similarity[~embedded] = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
+        pool_codes = codes[pool]
         score = np.sqrt(walk[pool]) * similarity
-        score[codes[pool] == TYPE_CODE["T"]] *= params.chunk_weight
-        final_quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
-        kept = context.top_per_group(score, codes[pool], ~is_entry[pool], final_quotas)
+        score[pool_codes == TYPE_CODE["T"]] *= params.chunk_weight
+        quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
+        kept = context.top_per_group(score, pool_codes, ~is_entry[pool], quotas)
         chosen = np.unique(np.concatenate([np.searchsorted(pool, retrievable_entries), np.searchsorted(pool, led), kept]))
         return support[pool[chosen]], score[chosen]
+
+    def _led(self, support: np.ndarray, codes: np.ndarray, is_entry: np.ndarray, entities: np.ndarray) -> np.ndarray:
+        """Positions in the support of the A and H nodes next to the leaders: entry N and O nodes and
+        the given top-scoring N nodes."""
+        leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), entities])
+        if not len(leaders):
+            return np.zeros(0, np.int64)
+        reached = np.unique(neighbours(self.leads_to, support[leaders]))
+        return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """The context's nodes grouped by type (H, A, S, R, T), each group by score, ties by id (= row order)."""
         rows = np.asarray(rows, dtype=np.int64)
-        ordered = rows[np.lexsort((rows, -scores[rows], self.context_rank[rows]))].tolist()
-        return [
-            RetrievedNode(self.ids[r], self.types[r], float(scores[r]), self.texts[r], list(self.documents[r]),
-                          int(self.tokens[r]))
-            for r in ordered
-        ]
+        ordered = rows[np.lexsort((rows, -scores[rows], self.context_rank[rows]))]
+        columns = (self.ids[ordered].tolist(), self.types[ordered].tolist(), scores[ordered].tolist(),
+                   self.texts[ordered].tolist(), ordered.tolist(), self.tokens[ordered].tolist())
+        return [RetrievedNode(node, kind, score, text, list(self.documents[r]), tokens)
+                for node, kind, score, text, r, tokens in zip(*columns, strict=True)]
 
     def answer(self, retrieval: Retrieval) -> Retrieval:
         t0 = time.perf_counter()
