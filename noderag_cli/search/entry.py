@@ -35,7 +35,9 @@ class NameIndex:
             words = name_words(name)
             if words and len(words) <= MAX_NAME_WORDS:
                 self._rows[words].append(row)
-        self._longest = max(map(len, self._rows), default=0)  # no n-gram longer than this can match
+        self._longest: dict[str, int] = {}  # first word -> words of the longest name it starts
+        for words in self._rows:
+            self._longest[words[0]] = max(self._longest.get(words[0], 0), len(words))
 
     def match(self, phrase: str, require_capital: bool = False) -> list[int]:
         """Rows of the names occurring in phrase on word boundaries, longest first: a word inside a
@@ -45,8 +47,11 @@ class NameIndex:
         words = name_words(phrase)
         found: list[int] = []
         covered = [False] * len(words)
-        for size in range(min(len(words), self._longest), 0, -1):
+        reach = [self._longest.get(word, 0) for word in words]  # no longer n-gram can start here
+        for size in range(min(len(words), max(reach, default=0)), 0, -1):
             for start in range(len(words) - size + 1):
+                if reach[start] < size:
+                    continue
                 gram = words[start : start + size]
                 rows = self._rows.get(gram)
                 if not rows or any(covered[start : start + size]):
