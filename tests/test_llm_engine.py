@@ -56,6 +56,7 @@ from noderag_cli.engines.llm import (  # noqa: E402
     litellm_embed,
     load_litellm,
     price_of,
+    prompt_token_bound,
     prompt_tokens_for,
 )
 
@@ -210,6 +211,41 @@ def test_token_count_reuses_the_system_prompt_yet_equals_litellms_count():
             assert count_tokens(model, messages) == int(lt.token_counter(model=model, messages=messages))
 
 
+def test_token_bound_is_never_below_litellms_count():
+    # the engine sends max_tokens from this bound when it shows room for a full reply: it must not undercount
+    from noderag_cli.engines import prompts
+
+    texts = ["", "Ada met Bob.", "é漢字😀 “quoted” ß ع\u200b " * 40, "\n\t x1 " * 300, CHUNKS[0].text]
+    for model in ("openai/my-local-model", "gpt-4o-mini", "ollama_chat/qwen2.5:7b", "anthropic/claude-3-5-sonnet-20240620"):
+        for text in texts:
+            for messages in (prompts.build_messages("decompose", ChunkInput("c", text, "T")),
+                             prompts.build_messages("answer", (text, text)),
+                             [*prompts.build_messages("query_entities", text), {"role": "assistant", "content": text},
+                              {"role": "user", "content": prompts.correction_message("no JSON")}]):
+                assert prompt_token_bound(model, messages) >= count_tokens(model, messages)
+
+
+def test_request_keys_are_unchanged_digests_of_the_whole_request(tmp_path):
+    # request_key assembles the JSON from cached parts; the keys of existing caches must not move
+    from noderag_cli.workspace import json_digest
+
+    cache = Cache(tmp_path / "c.sqlite")
+    inputs = {"decompose": CHUNKS[0], "attributes": AttributeInput("Ada", ("Ada met “Bob”.", "漢字")),
+              "community_elements": CommunityInput("k", ("a", "b")), "query_entities": "Who is Ada?",
+              "answer": ("Who?", "Ada \\ met \"Bob\".")}
+    for structured in (True, False):
+        for temperature in (0.0, 0.3):
+            engine = LiteLLMEngine(LLMConfig(engine="litellm", model="openai/m", temperature=temperature,
+                                             structured_output=structured), cache)
+            for task, item in inputs.items():
+                messages = prompts.build_messages(task, item)
+                whole = {"v": 1, "model": "openai/m", "messages": messages, "temperature": temperature,
+                         "max_output_tokens": engine.config.max_output_tokens,
+                         "response_format": prompts.response_format_for(task, "json_schema" if structured else "none")}
+                assert engine.request_key(task, messages) == json_digest(whole)
+    cache.close()
+
+
 def test_price_lookups_are_remembered_but_unchanged():
     assert price_of("openai/my-local-model", 100, 10) is None
     assert price_of("openai/my-local-model", 200, 20) is None  # remembered as unpriced
@@ -243,6 +279,20 @@ def test_successes_are_cached_and_a_rerun_makes_no_request(server, cache):
     assert again.decompose(items) == results
     assert len(server.completions()) == 3  # the server saw nothing new
     assert (again.stats.task("decompose").calls, again.stats.task("decompose").cache_hits) == (0, 4)
+
+
+@pytestmark_llm
+def test_max_tokens_is_the_same_with_a_token_bound_or_an_exact_count(server, cache):
+    # roomy context: the bound is enough; tight context or a token limit: the exact count decides
+    from noderag_cli.engines import prompts
+
+    exact = count_tokens("openai/fault-model", prompts.build_messages("decompose", CHUNKS[0]))
+    tight = {"max_output_tokens": 4096 - exact + 50}  # context_window 4096: room for 4096 - exact tokens
+    for settings, expected in (({}, 256), (tight, 4096 - exact), ({**tight, "tokens_per_minute": 10**6}, 4096 - exact)):
+        server.reset()
+        LiteLLMEngine(engine_for(server, cache).config.model_copy(update=settings), Cache(cache.path.with_name(
+            f"c{len(settings)}.sqlite"))).decompose([CHUNKS[0]])
+        assert [r.body["max_tokens"] for r in server.completions()] == [expected]
 
 
 @pytestmark_llm

@@ -13,7 +13,10 @@ What it does for every task item (see `prompts.py` for the prompts and reply sha
 - parses the reply tolerantly; a reply that does not validate is shown back to the model ONCE
   with the problem; if that fails too, the item is a `Failure(reason)`;
 - writes each success to the cache as it returns (under the key of the original request, so a
-  re-run finds it). Failures are never cached: a re-run retries exactly the failed items.
+  re-run finds it), committed on a writer thread while the loop sends the next request; an item
+  is done only once committed. Failures are never cached: a re-run retries exactly the failed items;
+- counts prompt tokens exactly only where the count matters (a tokens-per-minute limit, a prompt
+  near the context window); elsewhere an upper bound gives the same max_tokens.
 - accounts calls (requests sent), cache hits, failures (reasons counted by category),
   tokens (from each response's `usage`) and cost (litellm's price table; a model without a
   price costs 0 and sets `price_known = False`) per task in `stats`.
@@ -37,6 +40,7 @@ live loop), and the progress callback is called in the caller's thread as items 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import email.utils
 import functools
@@ -57,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..config import EmbeddingConfig, LLMConfig
-from ..workspace import Cache, json_digest
+from ..workspace import Cache
 from . import prompts
 from .base import (
     AttributeInput,
@@ -80,6 +84,7 @@ CHECK_TASK = "check_connection"
 """Stats task under which `check_connection`'s one tiny call is accounted."""
 
 _log = logging.getLogger("noderag.llm")
+_KEY_HOLE = "\x00messages\x00"
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -183,7 +188,44 @@ class _LoopThread:
             return future.result()
         except BaseException:
             future.cancel()
+            _CacheWriter.drain()
             raise
+
+
+class _CacheWriter:
+    """One thread for the cache writes of every engine of a process.
+
+    A write is a SQLite commit: a few system calls per write and, every few hundred writes, a WAL
+    checkpoint with fsync. On this thread the event loop sends the next request meanwhile. The
+    item still counts as done only once its write is committed, and an interrupted batch waits
+    for the writes already queued, so a killed run re-pays nothing.
+    """
+
+    _instance: _CacheWriter | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="noderag-cache")
+
+    @classmethod
+    def get(cls) -> _CacheWriter:
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+            return cls._instance
+
+    async def put(self, cache: Cache, ns: str, key: str, value: bytes) -> None:
+        """Committed when this returns; a cancelled caller does not cancel the write."""
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.pool, cache.put, ns, key, value))
+
+    @classmethod
+    def drain(cls, timeout: float = 30.0) -> None:
+        """Wait for the writes queued so far (after an interrupted batch)."""
+        writer = cls._instance
+        if writer is not None and writer.pid == os.getpid():
+            with contextlib.suppress(Exception):
+                writer.pool.submit(int).result(timeout)
 
 
 # --------------------------------------------------------------------------- retries
@@ -355,6 +397,7 @@ class LiteLLMEngine:
         self._semaphore: asyncio.Semaphore | None = None
         self._provider: str | None = None
         self._key_formats: dict[str, dict | None] = {}
+        self._key_templates: dict[tuple, tuple[str, str]] = {}
 
     # -- configuration checks ------------------------------------------------------
     def _api_key(self) -> str | None:
@@ -461,15 +504,32 @@ class LiteLLMEngine:
 
     # -- batch machinery -----------------------------------------------------------------
     def request_key(self, task: str, messages: list[dict]) -> str:
-        """Content address of a request: model, messages and the parameters that shape the reply."""
-        return json_digest({
-            "v": CACHE_VERSION,
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.config.temperature,
-            "max_output_tokens": self.config.max_output_tokens,
-            "response_format": self._key_format(task),
-        })
+        """Content address of a request: model, messages and the parameters that shape the reply.
+
+        The digest of `json_digest({"v", "model", "messages", "temperature", "max_output_tokens",
+        "response_format"})`, with the JSON of everything but the messages made once per task (the
+        response_format schema is most of the serialising otherwise): JSON without indent is
+        compositional, so the bytes, and the keys of existing caches, are the same.
+        """
+        head, tail = self._key_template(task, self.config.temperature, self.config.max_output_tokens)
+        text = head + json.dumps(messages, sort_keys=True) + tail
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def _key_template(self, task: str, temperature: float, max_output_tokens: int) -> tuple[str, str]:
+        """The request key's JSON before and after the messages."""
+        found = self._key_templates.get((task, temperature, max_output_tokens))
+        if found is None:
+            text = json.dumps({
+                "v": CACHE_VERSION,
+                "model": self.model,
+                "messages": _KEY_HOLE,
+                "temperature": temperature,
+                "max_output_tokens": max_output_tokens,
+                "response_format": self._key_format(task),
+            }, sort_keys=True)
+            head, _, tail = text.partition(json.dumps(_KEY_HOLE))
+            found = self._key_templates[(task, temperature, max_output_tokens)] = (head, tail)
+        return found
 
     def _key_format(self, task: str) -> dict | None:
         """The response_format part of `request_key`, built once per task (it is only serialised)."""
@@ -553,13 +613,13 @@ class LiteLLMEngine:
         except _CallFailed as err:
             return Failure(self._safe(str(err)))
         value = json.dumps({"data": reply.model_dump(mode="json"), "reply": first.text, "corrected": corrected})
-        self.cache.put(CACHE_NS, key, value.encode())
+        await _CacheWriter.get().put(self.cache, CACHE_NS, key, value.encode())
         return prompts.result_of(task, reply)
 
     async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats) -> _Reply:
         """One reply, through limiter, semaphore and retries; `_CallFailed` when given up."""
         lt = load_litellm()
-        prompt_tokens = count_tokens(self.model, messages)
+        prompt_tokens = self._prompt_tokens(messages)
         room = self.config.context_window - prompt_tokens
         if room < 16:
             raise _CallFailed("input too long", f"about {prompt_tokens} prompt tokens for a context window of "
@@ -632,6 +692,19 @@ class LiteLLMEngine:
             _log.info("%s from %s, retry %d in %.1f s", category, self.model, attempts, delay)
             await asyncio.sleep(delay)
 
+    def _prompt_tokens(self, messages: list[dict]) -> int:
+        """The prompt's tokens where the count matters, else an upper bound.
+
+        An exact count tokenises the whole prompt (about 0.1 ms). It matters for a tokens-per-minute
+        limit and when the prompt may not leave room for a full reply; otherwise the bound gives
+        the same max_tokens and the same checks.
+        """
+        if self.limiter.max_tokens is None:
+            bound = prompt_token_bound(self.model, messages)
+            if bound + max(16, self.config.max_output_tokens) <= self.config.context_window:
+                return bound
+        return count_tokens(self.model, messages)
+
     def _account(self, stats: TaskStats, response: Any) -> tuple[int, int]:
         usage = getattr(response, "usage", None)
         in_tok = int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -698,13 +771,40 @@ def count_tokens(model: str, messages: list[dict]) -> int:
     present) plus one term per message. The system prompt is the same for every item of a task,
     so its term is counted once per model and reused; the other messages are counted each time.
     """
-    system = messages[0] if messages else None
-    if (system is None or len(messages) == 1 or system.keys() != {"role", "content"} or system["role"] != "system"
-            or not isinstance(system["content"], str) or any(m.get("role") == "system" for m in messages[1:])):
+    if not _system_first(messages):
         return _count_all(model, messages)
     # count([system, *rest]) = count([system]) + count(rest) - count([]): the fixed part without a
     # system message is in count(rest) and in count([]); the one with it is in count([system])
-    return _count_system(model, system["content"]) + _count_all(model, messages[1:]) - _count_empty(model)
+    return _count_system(model, messages[0]["content"]) + _count_all(model, messages[1:]) - _count_empty(model)
+
+
+def _system_first(messages: list[dict]) -> bool:
+    """A plain system message, then at least one message, none of them a system message."""
+    system = messages[0] if messages else None
+    return not (system is None or len(messages) == 1 or system.keys() != {"role", "content"}
+                or system["role"] != "system" or not isinstance(system["content"], str)
+                or any(m.get("role") == "system" for m in messages[1:]))
+
+
+_MESSAGE_SLACK = 16
+
+
+def prompt_token_bound(model: str, messages: list[dict]) -> int:
+    """At least `count_tokens(model, messages)`, tokenising nothing but the (cached) system prompt.
+
+    In litellm's count a message is a few fixed tokens (3 or 4) plus the tokens of its role and
+    content. No token covers less than one byte, so a message's bytes plus 16 bound its term
+    (16 also covers tokenizers that add begin and end tokens to each text). Anything else, such
+    as a message with a name or non-text content, is counted exactly.
+    """
+    if not _system_first(messages) or any(
+        m.keys() != {"role", "content"} or not isinstance(m["role"], str) or not isinstance(m["content"], str)
+        for m in messages[1:]
+    ):
+        return count_tokens(model, messages)
+    return _count_system(model, messages[0]["content"]) + sum(
+        _MESSAGE_SLACK + len(m["role"].encode()) + len(m["content"].encode()) for m in messages[1:]
+    )
 
 
 def _count_all(model: str, messages: list[dict]) -> int:

@@ -18,6 +18,7 @@ schemas and the parser).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -405,6 +406,9 @@ def extract_json(text: str) -> Any:
     """The first JSON value (object or list) found in a model reply; `ReplyError` if there is none."""
     if not text or not text.strip():
         raise ReplyError("the reply was empty")
+    if text.isascii() and "```" not in text:  # no smart quotes, no fences: the whole reply is the one candidate
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(text)
     text = text.translate(_SMART_QUOTES)
     candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
     truncated = False
@@ -430,14 +434,21 @@ def extract_json(text: str) -> Any:
     raise ReplyError("the reply holds no JSON object")
 
 
+@functools.cache
+def _only_field(schema: type[BaseModel]) -> str | None:
+    fields = schema.model_fields
+    return next(iter(fields)) if len(fields) == 1 else None
+
+
 def _fit_top_level(schema: type[BaseModel], data: Any) -> Any:
     """A bare list or string where the schema is an object with one field of that kind."""
-    fields = schema.model_fields
-    if len(fields) == 1 and not isinstance(data, dict):
-        return {next(iter(fields)): data}
-    if isinstance(data, dict) and len(data) == 1 and len(fields) == 1:
+    name = _only_field(schema)
+    if name is None:
+        return data
+    if not isinstance(data, dict):
+        return {name: data}
+    if len(data) == 1:
         (key, value), = data.items()
-        name = next(iter(fields))
         if key != name and isinstance(value, (list, str)):
             # {"semantic_units": [...]} for {"units": [...]}: accept a key that merely differs in wording
             stem = name[:-3] + "y" if name.endswith("ies") else name.rstrip("s")
