@@ -122,6 +122,9 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Conf
             raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from err
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections")
+    # workspaces indexed before the similarity edges were computed exactly saved an `hnsw` section
+    # (m, ef_construction, ef_search); none of it means anything now
+    data.pop("hnsw", None)
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value

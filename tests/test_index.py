@@ -371,3 +371,13 @@ def test_unwritable_workspace(built, tmp_path):
     assert run.returncode == 3, run.stderr
     assert_one_line_error(run, str(workspace))
     assert read_bytes(workspace) == before
+
+
+def test_config_of_an_older_workspace_still_loads(tmp_path):
+    """Workspaces indexed before the exact similarity edges saved an `hnsw` section; it is ignored."""
+    from noderag_cli.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("hnsw: {m: 32, ef_construction: 200, ef_search: 128}\nsearch: {ppr_iterations: 2}\n")
+    config = load_config(path)
+    assert config.search.ppr_iterations == 2 and config.similarity.neighbours == 64
