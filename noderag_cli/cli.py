@@ -326,7 +326,7 @@ def ablate(
     data: Annotated[Path | None, typer.Option("--data", help="the dataset folder (corpus.json, questions.json)")] = None,
     variants: Annotated[str | None, typer.Option(
         "--variants", help="comma-separated strategies, default all: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, "
-                           "graph-vector, no-exact, no-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
+                           "graph-vector, no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
                            "lightrag-local, lightrag-global, lightrag-hybrid, graphrag-local, graphrag-global, hipporag")] = None,
     budgets: Annotated[str, typer.Option("--budgets", help="comma-separated context token budgets")] = "1000,2000,4000",
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="folder for ablation.csv, ablation.json, ablation.png "

@@ -19,6 +19,8 @@ Every variant runs on the same indexed workspace, without re-indexing:
   walks them at the paper's weight 1). The weight only changes the transition matrix the walk
   uses (built once per weight when the workspace is opened): weight 0 is exactly the graph without
   the rows of kind "similarity" and without the +1 they gave structural pairs.
+- `with-hnsw`: the walk over the similarity edges at the paper's weight 1: with the default weight 0,
+  this is the variant that measures what the paper's HNSW edges bring to the walk.
 - `lazy-ppr`: the reference code's lazy walk (`ppr_variant` "lazy").
 - `paper-rank`: the paper's ranking, raw PPR scores (`rank` "ppr"), instead of this project's
   walk mass times similarity.
@@ -85,6 +87,8 @@ def _variants() -> dict[str, StrategySpec]:
                      lambda s: _search(s.retriever, use_exact=False)),
         StrategySpec("no-hnsw", "ablation", "no HNSW similarity edges in the walk (table 2)",
                      lambda s: _search(s.retriever, similarity_weight=0.0)),
+        StrategySpec("with-hnsw", "ablation", "similarity (HNSW) edges walked at the paper's weight 1",
+                     lambda s: _search(s.retriever, similarity_weight=1.0)),
         StrategySpec("lazy-ppr", "ablation", "the reference code's lazy PPR walk",
                      lambda s: _search(s.retriever, ppr_variant="lazy")),
         StrategySpec("paper-rank", "ablation", "the paper's raw PPR ranking instead of walk x similarity",
