@@ -277,9 +277,9 @@ def bench_overhead(n: int, repeats: int) -> list[str]:
         "connection callbacks that fire outside the await (connection close), the progress hand-off to the",
         "calling thread, and waits for the GIL held by the in-process server's and the cache writer's threads.",
         "Step times include any GIL wait inside a step.",
-        "*Cache writes* = time of the SQLite commits (one per item, as each call returns) on the engine's",
-        "writer thread; they overlap the next request, so they are not a part of the wall time, except through",
-        "the GIL. *Exact token counts* = time in `count_tokens`, which the engine calls only when a",
+        "*Cache writes* = elapsed time of the SQLite commits (one per item, as each call returns) on the",
+        "engine's writer thread, mostly waits for the GIL; they overlap the next request, so they are not a part",
+        "of the wall time, except through the GIL. *Exact token counts* = time in `count_tokens`, which the engine calls only when a",
         "tokens-per-minute limit or a prompt near the context window needs the exact count.",
         "",
     ]
