@@ -69,7 +69,7 @@ def split_sentences(text: str) -> list[str]:
     start = 0
     for match in _BOUNDARY.finditer(text):
         if match.group(1) == ".":
-            before = _WORD_BEFORE.search(text, 0, match.start())
+            before = _WORD_BEFORE.search(text, max(0, match.start() - 64), match.start())  # not from 0: quadratic
             word = before.group(1).casefold() if before else ""
             if word.rstrip(".") in ABBREVIATIONS or re.fullmatch(r"[a-z]", word) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):
                 continue
