@@ -36,7 +36,7 @@ class EmbeddingConfig(_Section):
     backend: Literal["wordllama", "litellm"] = "wordllama"
     model: str = "l2_supercat"
     dim: int = Field(256, ge=8)
-    batch_size: int = Field(512, ge=1)
+    batch_size: int = Field(512, ge=1, description="texts per embedding request (litellm backend)")
     api_base: str | None = None
     api_key_env: str | None = None
 

@@ -115,14 +115,6 @@ def nodes_table(rows: dict[str, list]) -> pa.Table:
     return pa.Table.from_pydict(rows, schema=NODE_SCHEMA)
 
 
-def edges_table(rows: dict[str, list]) -> pa.Table:
-    return pa.Table.from_pydict(rows, schema=EDGE_SCHEMA)
-
-
-def empty_nodes() -> pa.Table:
-    return NODE_SCHEMA.empty_table()
-
-
 def empty_edges() -> pa.Table:
     return EDGE_SCHEMA.empty_table()
 

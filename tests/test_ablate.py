@@ -31,10 +31,9 @@ FAST = "noderag,ppr-converge,no-hnsw,naive,lightrag-hybrid,graphrag-local,hippor
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("ablate") / "ws"
-    api.index(ws, CORPUS)
-    return ws
+def workspace(built) -> Path:
+    """The session's sample_corpus build (conftest.built); search and ablate only read it."""
+    return built
 
 
 @pytest.fixture(scope="module")

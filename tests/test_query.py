@@ -19,10 +19,9 @@ QUESTIONS = [json.loads(line) for line in (CORPUS / "questions.jsonl").read_text
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("query") / "ws"
-    api.index(ws, CORPUS)
-    return ws
+def workspace(built) -> Path:
+    """The session's sample_corpus build (conftest.built); search and ablate only read it."""
+    return built
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,12 @@ _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def embed_texts(embedder: Embedder, texts: list[str]) -> np.ndarray:
-    """embedder.embed, fed distinct texts shortest first: batches of similar length pad less (the
-    bundled model pools over padded batches), and a text's vector does not depend on its batch.
-    Vectors are also kept for the life of the embedder, so stages of one run that need the same
-    texts (units for K-means, the embed stage) look them up only once."""
+    """embedder.embed, with vectors kept for the life of the embedder, so stages of one run that
+    need the same texts (units for K-means, the embed stage) look them up only once."""
     if not texts:
         return embedder.embed([])
     memo = _MEMO.setdefault(embedder, {})
-    missing = sorted(set(texts).difference(memo), key=lambda t: (len(t), t))
+    missing = [t for t in dict.fromkeys(texts) if t not in memo]
     if missing:
         memo.update(zip(missing, embedder.embed(missing), strict=True))
     return np.stack([memo[t] for t in texts])

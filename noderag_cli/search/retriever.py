@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -141,10 +140,10 @@ class Retriever:
         self.node_of_vector = np.empty(len(embedded), dtype=np.int64)
         self.node_of_vector[vector_row[embedded]] = embedded
         self.vector_of_node = vector_row
-        self.index = faiss.deserialize_index(np.fromfile(ws.path("vectors.faiss"), dtype=np.uint8))
-        if self.index.d != embedder.dim:
-            raise WorkspaceError(f"workspace vectors have dimension {self.index.d}, the embedder gives {embedder.dim}")
-        self.vectors = self.index.reconstruct_n(0, self.index.ntotal) if self.index.ntotal else np.zeros((0, embedder.dim), np.float32)
+        index = faiss.deserialize_index(np.fromfile(ws.path("vectors.faiss"), dtype=np.uint8))
+        if index.d != embedder.dim:
+            raise WorkspaceError(f"workspace vectors have dimension {index.d}, the embedder gives {embedder.dim}")
+        self.vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, embedder.dim), np.float32)
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
         self.scanned_position = np.full(len(self.vectors), -1, dtype=np.int64)  # vector row -> place in the scan
         scanned_rows = self._typed_vectors(SCANNED)[0]
@@ -353,7 +352,3 @@ class Retriever:
         retrieval.answer = self.engine.answer(retrieval.question, retrieval.context_text())
         retrieval.timings["answer_ms"] = (time.perf_counter() - t0) * 1000
         return retrieval
-
-
-def open_retriever(workspace: Path, config: Config, engine: Engine, embedder: Embedder) -> Retriever:
-    return Retriever(Workspace(workspace), config, engine, embedder)
