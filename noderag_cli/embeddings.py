@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import nlp
 from .config import ConfigError, EmbeddingConfig
 from .workspace import Cache
 
@@ -29,7 +30,6 @@ def mean_pool(model, texts: list[str]) -> np.ndarray:
     """Mean of each text's token vectors (a text without tokens gets zeros)."""
     table = model.embedding
     out = np.zeros((len(texts), table.shape[1]), np.float32)
-    model.tokenizer.no_padding()
     ids = [encoding.ids for encoding in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     start = 0
@@ -49,6 +49,14 @@ def mean_pool(model, texts: list[str]) -> np.ndarray:
     return out
 
 
+@dataclass
+class TokenTable:
+    """A static embedding model: one vector per token id, and the tokenizer that gives the ids."""
+
+    embedding: np.ndarray  # (vocabulary, dim) float32
+    tokenizer: object  # tokenizers.Tokenizer
+
+
 class Embedder:
     def __init__(self, config: EmbeddingConfig, cache: Cache | None = None):
         self.config = config
@@ -56,27 +64,39 @@ class Embedder:
         self.model_id = f"{config.backend}:{config.model}:{config.dim}"
         self._cache_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self._model = None
+        self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
 
     @property
     def dim(self) -> int:
         return self.config.dim
 
     def _load(self):
+        """The bundled token-embedding table (float32) and its tokenizer, read straight from the
+        wordllama wheel's files: importing wordllama and letting it load a second copy of the
+        tokenizer would add ~0.2 s to every run."""
         if self._model is None and self.config.backend == "wordllama":
-            import wordllama
-            from wordllama import WordLlama
+            from safetensors import safe_open
 
-            package = Path(wordllama.__file__).parent
-            try:
-                self._model = WordLlama.load(
-                    config=self.config.model, dim=self.config.dim, cache_dir=package, disable_download=True
-                )
-            except (FileNotFoundError, ValueError, KeyError) as err:
+            package = nlp.wordllama_folder()
+            weights = package / "weights" / f"{self.config.model}_{self.config.dim}.safetensors"
+            tokenizer_file = package / "tokenizers" / f"{self.config.model}_tokenizer_config.json"
+            if not weights.is_file() or not tokenizer_file.is_file():
                 bundled = sorted(p.stem for p in (package / "weights").glob("*.safetensors"))
                 raise ConfigError(
                     f"embedding model {self.config.model} with dim {self.config.dim} is not bundled with wordllama "
                     f"(bundled: {', '.join(bundled)}); nothing is downloaded at run time"
-                ) from err
+                )
+            with safe_open(str(weights), framework="np", device="cpu") as handle:
+                table = np.ascontiguousarray(handle.get_tensor("embedding.weight").astype(np.float32))
+            if tokenizer_file.name == "l2_supercat_tokenizer_config.json":
+                tokenizer = nlp._tokenizer()  # the one tokenizer: loaded once per process
+            else:
+                from tokenizers import Tokenizer
+
+                tokenizer = Tokenizer.from_file(str(tokenizer_file))
+                tokenizer.no_padding()
+                tokenizer.no_truncation()
+            self._model = TokenTable(table, tokenizer)
         return self._model
 
     def _compute(self, texts: list[str]) -> np.ndarray:
@@ -93,30 +113,35 @@ class Embedder:
         return vector / norm if norm else vector
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 vectors, one row per text, cached."""
+        """L2-normalised float32 vectors, one row per text: from this embedder's memory (the stages
+        of one run ask for the same texts), else the workspace cache, else computed and cached."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
+        missing: dict[str, list[int]] = {}
+        for row, text in enumerate(texts):
+            vector = self._memo.get(text)
+            if vector is None:
+                missing.setdefault(text, []).append(row)
+            else:
+                out[row] = vector
+        if not missing:
             return out
-        keys = [hashlib.blake2b(f"{self._cache_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in texts]
+        todo = list(missing)
+        keys = [hashlib.blake2b(f"{self._cache_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in todo]
         found = self.cache.get_many("embedding", keys) if self.cache else {}
-        missing = {}
-        for row, key in enumerate(keys):
+        fresh = [(text, key) for text, key in zip(todo, keys, strict=True) if key not in found]
+        for text, key in zip(todo, keys, strict=True):
             blob = found.get(key)
             if blob is not None:
-                out[row] = np.frombuffer(blob, dtype=np.float32)
-            else:
-                missing.setdefault(key, []).append(row)
-        if missing:
-            todo_keys = list(missing)
-            todo_texts = [texts[missing[k][0]] for k in todo_keys]
-            for start in range(0, len(todo_texts), 4096):
-                part = self._compute(todo_texts[start : start + 4096])
-                norms = np.linalg.norm(part, axis=1, keepdims=True)
-                part = part / np.where(norms == 0, 1, norms)
-                batch = []
-                for key, vector in zip(todo_keys[start : start + 4096], part, strict=True):
-                    out[missing[key]] = vector
-                    batch.append((key, vector.astype(np.float32).tobytes()))
-                if self.cache:
-                    self.cache.put_many("embedding", batch)
+                self._memo[text] = np.frombuffer(blob, dtype=np.float32)
+        for start in range(0, len(fresh), 4096):
+            part = fresh[start : start + 4096]
+            vectors = self._compute([text for text, _ in part])
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
+            for (text, _), vector in zip(part, vectors, strict=True):
+                self._memo[text] = vector
+            if self.cache:
+                self.cache.put_many("embedding", [(key, vector.tobytes()) for (_, key), vector in zip(part, vectors, strict=True)])
+        for text, rows in missing.items():
+            out[rows] = self._memo[text]
         return out

@@ -25,7 +25,6 @@ from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
-from .embed import embed_texts
 
 
 def _igraph():
@@ -141,7 +140,7 @@ def run(
     h_ids = [i for i in new_nodes["id"].to_pylist() if i.startswith("H_")]
     h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
     pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
-    pool_vectors = embed_texts(embedder, [texts[i] for i in content.tolist()] + [h_texts[h] for h in h_ids])
+    pool_vectors = embedder.embed([texts[i] for i in content.tolist()] + [h_texts[h] for h in h_ids])
     clusters = kmeans_labels(pool_vectors, seed) if len(pool_ids) else np.zeros(0, np.int64)
     pool_community = np.concatenate([membership[content], np.array([h_community[h] for h in h_ids], dtype=np.int32)])
     buckets: dict[tuple[int, int], list[str]] = defaultdict(list)

@@ -349,7 +349,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         )
         nodes, edges = decompose.build_graph(units)
         # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-        embed.embed_texts(embedder, nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
+        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
                           + chunks["text"].to_pylist())
         nodes = nodes.set_column(nodes.schema.get_field_index("tokens"), "tokens",
                                  pa.array(counter(nodes["text"].to_pylist()), pa.int32()))
@@ -361,7 +361,7 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
         new_nodes, new_edges, failures = attributes.run(
             nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance, counter
         )
-        embed.embed_texts(embedder, new_nodes["text"].to_pylist())
+        embedder.embed(new_nodes["text"].to_pylist())
         _commit(ws, stage, new_nodes, new_edges, failures)
         return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
     if stage == "communities":
