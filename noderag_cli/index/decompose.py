@@ -1,9 +1,17 @@
 """Stage 2: decompose every chunk into semantic units (S), entities (N) and relationships (R).
 
-The engine's result for each chunk is cached under the engine's name and the chunk's
-text, and written batch by batch, so an interrupted or incremental run only pays for
-chunks it has not seen. Failed chunks are reported, never cached, and retried next run.
+The engine's result for each chunk is cached under the engine's settings and the chunk's
+title and text, and written batch by batch, so an interrupted or incremental run only pays
+for chunks it has not seen. Failed chunks are reported, never cached, and retried next run.
 One R node per distinct (source, relation, target) triple.
+
+The graph is an aggregation of rows each decomposed chunk contributes: one per node mention
+(`occurrences`: the node, the surface text, the chunk, its tokens) and one per edge mention
+(`links`). A node's text is its most frequent surface form (ties: the smallest), its chunks
+the distinct chunks, its mentions the count; an edge's weight is its count. Both row tables
+are kept with the stage's outputs, keyed by chunk input, so an update keeps the rows of
+unchanged chunks, drops those of removed ones, adds those of new ones and aggregates again:
+the same tables as a fresh build, without re-reading or re-normalising unchanged units.
 """
 
 from __future__ import annotations
@@ -11,13 +19,27 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..engines.base import ChunkInput, Engine, Failure, Unit
-from ..graph import NodeSet, entity_id, make_edges, merge_edges, normalize_name, relation_id, unit_id
+from ..graph import NODE_SCHEMA, entity_id, merge_edges, normalize_name, relation_id, unit_id
 from ..workspace import Cache, json_digest
 
 BATCH = 64
+ROWS_VERSION = 1  # of how units become rows: stored rows of another version are not reused
+OCCURRENCE_SCHEMA = pa.schema([
+    ("input", pa.string()),  # chunk id + "\x1f" + decomposition cache key: what the rows were derived from
+    ("seq", pa.int32()),  # order within the input
+    ("node", pa.string()),
+    ("text", pa.string()),  # surface form of this mention (N: the name)
+    ("chunk", pa.string()),
+    ("tokens", pa.int32()),  # of `text`
+])
+LINK_SCHEMA = pa.schema([
+    ("input", pa.string()), ("seq", pa.int32()), ("source", pa.string()), ("target", pa.string()), ("kind", pa.string()),
+])
 
 
 def cache_key(engine_settings: dict, title: str, text: str) -> str:
@@ -26,14 +48,16 @@ def cache_key(engine_settings: dict, title: str, text: str) -> str:
 
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
-    engine_settings: dict | None = None,
-) -> tuple[dict[str, list[Unit]], dict[str, str], dict[str, int]]:
-    """Units per chunk id, from the cache where possible; failure reasons per chunk id; and
-    how many distinct chunks were `cached` and how many the engine `decomposed` in this call.
+    engine_settings: dict | None = None, previous: tuple[pa.Table, pa.Table] | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int]]:
+    """The occurrence and link rows of every chunk; failure reasons per chunk id; and how many
+    distinct chunk inputs were `cached` (rows kept from `previous`, or units from the cache) and
+    how many the engine `decomposed` in this call.
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
-    it has not decomposed yet."""
+    it has not decomposed yet. `previous` holds the rows of the last run (`read_rows`)."""
     engine_settings = engine_settings or {"name": engine.name}
     inputs = [
         ChunkInput(chunk_id=c, text=t, title=title)
@@ -41,30 +65,44 @@ def decompose_chunks(
     ]
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
     keys = [cache_key(engine_settings, c.title, c.text) for c in inputs]
-    cached = cache.get_many("decompose", keys)
-    units: dict[str, list[Unit]] = {}
+    names = [f"{c.chunk_id}\x1f{k}" for c, k in zip(inputs, keys, strict=True)]
+    kept_occurrences, kept_links = OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table()
+    known: set[str] = set()
+    if previous is not None:
+        wanted = pa.array(names, pa.string())
+        kept_occurrences = previous[0].filter(pc.is_in(previous[0]["input"], value_set=wanted))
+        kept_links = previous[1].filter(pc.is_in(previous[1]["input"], value_set=wanted))
+        known = set(pc.unique(kept_occurrences["input"]).to_pylist())
+    stats = engine.stats.task("decompose")
+    stats.cache_hits += len(known)
+    pending = [(c, k, n) for c, k, n in zip(inputs, keys, names, strict=True) if n not in known]
+    cached = cache.get_many("decompose", [k for _, k, _ in pending])
+    units: dict[str, tuple[str, list[Unit]]] = {}  # input name -> (chunk id, units)
     failures: dict[str, str] = {}
-    todo: list[tuple[ChunkInput, str]] = []
-    for chunk, key in zip(inputs, keys, strict=True):
+    todo: list[tuple[ChunkInput, str, str]] = []
+    for chunk, key, name in pending:
         if key in cached:
-            units.setdefault(chunk.chunk_id, []).extend(_load_units(cached[key]))
-            engine.stats.task("decompose").cache_hits += 1
+            units[name] = (chunk.chunk_id, _load_units(cached[key]))
+            stats.cache_hits += 1
         else:
-            todo.append((chunk, key))
+            todo.append((chunk, key, name))
     if progress and len(inputs) - len(todo):
         progress(len(inputs) - len(todo))
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
-        results = engine.decompose([c for c, _ in batch], progress)
+        results = engine.decompose([c for c, _, _ in batch], progress)
         fresh = []
-        for (chunk, key), result in zip(batch, results, strict=True):
+        for (chunk, key, name), result in zip(batch, results, strict=True):
             if isinstance(result, Failure):
                 failures[chunk.chunk_id] = result.reason
                 continue
-            units.setdefault(chunk.chunk_id, []).extend(result)
+            units[name] = (chunk.chunk_id, result)
             fresh.append((key, _dump_units(result)))
         cache.put_many("decompose", fresh)
-    return units, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+    occurrences, links = unit_rows(units, count_tokens)
+    occurrences = pa.concat_tables([kept_occurrences, occurrences]).sort_by([("input", "ascending"), ("seq", "ascending")])
+    links = pa.concat_tables([kept_links, links]).sort_by([("input", "ascending"), ("seq", "ascending")])
+    return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
 
 
 def _dump_units(units: list[Unit]) -> bytes:
@@ -75,25 +113,101 @@ def _load_units(blob: bytes) -> list[Unit]:
     return [Unit(text, tuple(ents), tuple(tuple(r) for r in rels)) for text, ents, rels in json.loads(blob)]
 
 
-def build_graph(
-    units_by_chunk: dict[str, list[Unit]], count_tokens: Callable[[list[str]], list[int]] | None = None
+def unit_rows(
+    units: dict[str, tuple[str, list[Unit]]], count_tokens: Callable[[list[str]], list[int]] | None = None
 ) -> tuple[pa.Table, pa.Table]:
-    """S, N, R nodes and S-N, S-R, R-N edges from the units of every chunk."""
-    nodes = NodeSet()
-    s_n, s_r, r_n = [], [], []
-    for chunk in sorted(units_by_chunk):
-        for unit in units_by_chunk[chunk]:
-            s = nodes.add(unit_id(unit.text), unit.text, [chunk])
+    """Occurrence and link rows of each input's units: a unit is an S mention; each distinct
+    entity string it names or relates (several strings may name one entity) an N mention with an
+    S-N link; each valid triple an R mention with an S-R link and R-N links to both ends."""
+    occ: dict[str, list] = {name: [] for name in ("input", "seq", "node", "text", "chunk")}
+    link: dict[str, list] = {name: [] for name in LINK_SCHEMA.names}
+    for name in sorted(units):
+        chunk, chunk_units = units[name]
+        mentions: list[tuple[str, str]] = []
+        connections: list[tuple[str, str, str]] = []
+        for unit in chunk_units:
+            s = unit_id(unit.text)
+            mentions.append((s, unit.text))
             names = [e for e in unit.entities if normalize_name(e)]
             names += [end for rel in unit.relations for end in (rel[0], rel[2]) if normalize_name(end)]
-            for name in dict.fromkeys(names):
-                n = nodes.add(entity_id(name), name.strip(), [chunk], name=name.strip())
-                s_n.append((s, n))
+            for entity in dict.fromkeys(names):
+                n = entity_id(entity)
+                mentions.append((n, entity.strip()))
+                connections.append((s, n, "S-N"))
             for source, relation, target in unit.relations:
                 if not (normalize_name(source) and normalize_name(target) and relation.strip()):
                     continue
-                r = nodes.add(relation_id(source, relation, target), f"{source} {relation.strip()} {target}", [chunk])
-                s_r.append((s, r))
-                r_n.extend([(r, entity_id(source)), (r, entity_id(target))])
-    edges = merge_edges([make_edges(s_n, "S-N"), make_edges(s_r, "S-R"), make_edges(r_n, "R-N")])
-    return nodes.table(count_tokens), edges
+                r = relation_id(source, relation, target)
+                mentions.append((r, f"{source} {relation.strip()} {target}"))
+                connections += [(s, r, "S-R"), (r, entity_id(source), "R-N"), (r, entity_id(target), "R-N")]
+        occ["input"] += [name] * len(mentions)
+        occ["seq"] += range(len(mentions))
+        occ["node"] += [node for node, _ in mentions]
+        occ["text"] += [text for _, text in mentions]
+        occ["chunk"] += [chunk] * len(mentions)
+        link["input"] += [name] * len(connections)
+        link["seq"] += range(len(connections))
+        for column, position in (("source", 0), ("target", 1), ("kind", 2)):
+            link[column] += [c[position] for c in connections]
+    tokens = list(count_tokens(occ["text"])) if count_tokens and occ["text"] else [0] * len(occ["text"])
+    return (pa.Table.from_pydict({**occ, "tokens": tokens}, schema=OCCURRENCE_SCHEMA),
+            pa.Table.from_pydict(link, schema=LINK_SCHEMA))
+
+
+def _run_starts(column: pa.Array) -> np.ndarray:
+    """Positions where a sorted column takes a new value."""
+    n = len(column)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    changed = pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(np.r_[True, changed])
+
+
+def build_graph(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """S, N, R nodes (sorted by id) and S-N, S-R, R-N edges, aggregated from the rows."""
+    if occurrences.num_rows == 0:
+        return NODE_SCHEMA.empty_table(), merge_edges([])
+    forms = (occurrences.group_by(["node", "text"], use_threads=False)
+             .aggregate([("tokens", "max"), ([], "count_all")])
+             .sort_by([("node", "ascending"), ("count_all", "descending"), ("text", "ascending")]))
+    node_column = forms["node"].combine_chunks()
+    starts = _run_starts(node_column)
+    chosen = forms.take(pa.array(starts))
+    mentions = np.add.reduceat(forms["count_all"].to_numpy(), starts) if len(starts) else np.zeros(0, np.int64)
+    in_chunks = (occurrences.group_by(["node", "chunk"], use_threads=False).aggregate([])
+                 .sort_by([("node", "ascending"), ("chunk", "ascending")]))
+    offsets = np.r_[_run_starts(in_chunks["node"].combine_chunks()), in_chunks.num_rows].astype(np.int32)
+    ids = chosen["node"].combine_chunks()
+    types = pc.utf8_slice_codeunits(ids, 0, 1)
+    texts = chosen["text"].combine_chunks()
+    n = len(ids)
+    nodes = pa.table({
+        "id": ids, "type": types, "text": texts, "name": pc.if_else(pc.equal(types, "N"), texts, ""),
+        "chunk_ids": pa.ListArray.from_arrays(pa.array(offsets), in_chunks["chunk"].combine_chunks()),
+        "doc_ids": pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string())),
+        "tokens": chosen["tokens_max"].cast(pa.int32()), "mentions": pa.array(mentions.astype(np.int32)),
+        "community": pa.array(np.full(n, -1, np.int32)), "vector_row": pa.array(np.full(n, -1, np.int32)),
+    }).cast(NODE_SCHEMA)
+    edges = links.select(["source", "target", "kind"])
+    edges = edges.append_column("weight", pa.array(np.ones(edges.num_rows, np.float32)))
+    edges = edges.append_column("hnsw", pa.array(np.zeros(edges.num_rows, bool)))
+    return nodes, merge_edges([edges])
+
+
+def read_rows(occurrences_path, links_path) -> tuple[pa.Table, pa.Table] | None:
+    """The rows an earlier run stored, if both files are readable and of this ROWS_VERSION."""
+    import pyarrow.parquet as pq
+
+    try:
+        occurrences, links = pq.read_table(occurrences_path), pq.read_table(links_path)
+    except (OSError, pa.ArrowInvalid):
+        return None
+    for table, schema in ((occurrences, OCCURRENCE_SCHEMA), (links, LINK_SCHEMA)):
+        if (table.schema.metadata or {}).get(b"noderag-rows") != str(ROWS_VERSION).encode() or \
+                not table.schema.remove_metadata().equals(schema):
+            return None
+    return occurrences.replace_schema_metadata(None), links.replace_schema_metadata(None)
+
+
+def with_version(table: pa.Table) -> pa.Table:
+    return table.replace_schema_metadata({"noderag-rows": str(ROWS_VERSION)})

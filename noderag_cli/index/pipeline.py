@@ -94,7 +94,10 @@ class IndexResult:
 def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
     if stage == "chunk":
         return [ws.path("documents.parquet"), ws.stage_path("chunk", "chunks.parquet")]
-    if stage in ("decompose", "attributes"):
+    if stage == "decompose":
+        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "failures.parquet",
+                                                  "occurrences.parquet", "links.parquet")]
+    if stage == "attributes":
         return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "failures.parquet")]
     if stage == "communities":
         return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")]
@@ -344,16 +347,17 @@ def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine,
     if stage == "decompose":
         chunks = _read(ws, "chunk", "chunks.parquet")
         reporter.stage_started(stage, chunks.num_rows)
-        units, failures, work = decompose.decompose_chunks(
-            chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name)
+        rows_paths = (ws.stage_path(stage, "occurrences.parquet"), ws.stage_path(stage, "links.parquet"))
+        occurrences, links, failures, work = decompose.decompose_chunks(
+            chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name),
+            decompose.read_rows(*rows_paths), counter,
         )
-        nodes, edges = decompose.build_graph(units)
+        nodes, edges = decompose.build_graph(occurrences, links)
         # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
-                          + chunks["text"].to_pylist())
-        nodes = nodes.set_column(nodes.schema.get_field_index("tokens"), "tokens",
-                                 pa.array(counter(nodes["text"].to_pylist()), pa.int32()))
+        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
         _commit(ws, stage, nodes, edges, failures)
+        for path, table in zip(rows_paths, (occurrences, links), strict=True):
+            write_parquet(path, decompose.with_version(table))
         return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
     if stage == "attributes":
         nodes, edges = _read(ws, "decompose", "nodes.parquet"), _read(ws, "decompose", "edges.parquet")
