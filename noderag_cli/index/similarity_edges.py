@@ -18,15 +18,19 @@ per node (`neighbours.parquet`) for the next run.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from threadpoolctl import threadpool_limits
 
 VERSION = 2  # of the neighbour lists' definition: stored lists of another version are not reused
-ROW_BLOCK = 1024
+ROW_BLOCK = 1024  # rows pruned at a time
+SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
 QUANT = 2048
 SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
@@ -70,12 +74,17 @@ def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.
     return select(r, c, scores[r, c], len(rows), k)
 
 
+def _descending_key(values: np.ndarray) -> np.ndarray:
+    """uint64 keys of float32 values that sort in descending order of the values."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    ascending = bits ^ np.where(bits >> 31, np.uint32(0xFFFFFFFF), np.uint32(0x80000000))
+    return (~ascending).astype(np.uint64)
+
+
 def select(r: np.ndarray, c: np.ndarray, values: np.ndarray, n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """From (row, column, score) triples, given in column order: each row's k best columns, by
     score then column."""
-    bits = values.view(np.uint32)
-    ascending = bits ^ np.where(bits >> 31, np.uint32(0xFFFFFFFF), np.uint32(0x80000000))
-    key = (r.astype(np.uint64) << np.uint64(32)) | (~ascending).astype(np.uint64)
+    key = (r.astype(np.uint64) << np.uint64(32)) | _descending_key(values)
     order = np.argsort(key, kind="stable")  # triples come in column order within a row
     r, c, values = r[order], c[order], values[order]
     rank = np.arange(len(r)) - np.searchsorted(r, r)
@@ -87,25 +96,39 @@ def select(r: np.ndarray, c: np.ndarray, values: np.ndarray, n_rows: int, k: int
     return out_cols, out_scores
 
 
+def in_parallel(job, items: list) -> list:
+    """job(item) for every item, on as many threads as this process has cores, with BLAS held to
+    one thread per call: OpenBLAS's own threads are slower than one on the small products here,
+    while Python threads over independent blocks use both cores (numpy releases the GIL)."""
+    workers = min(len(items), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    with threadpool_limits(1, "blas"):
+        if workers <= 1:
+            return [job(item) for item in items]
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(job, items))
+
+
 def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """HNSW's heuristic on each row's candidate list (best first): a candidate is kept unless a
     kept, better candidate is more similar to it than the row's node is."""
     n, k = candidates.shape
-    kept = np.zeros((n, k), bool)
-    gram = np.empty((min(n, ROW_BLOCK), k, k), np.float32)
-    for start in range(0, n, ROW_BLOCK):
+
+    def block(start: int) -> np.ndarray:
         cand = candidates[start : start + ROW_BLOCK]
         score = scores[start : start + ROW_BLOCK] * np.float32(QUANT**2)
+        gram = np.empty((len(cand), k, k), np.float32)
         for part in range(0, len(cand), PRUNE_BLOCK):  # gathered in small blocks, which stay in cache
-            block = grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)]
-            np.matmul(block, block.transpose(0, 2, 1), out=gram[part : part + len(block)])
+            vectors = grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)]
+            np.matmul(vectors, vectors.transpose(0, 2, 1), out=gram[part : part + len(vectors)])
         valid = cand >= 0
         out = np.zeros(cand.shape, bool)
         for j in range(k):
-            blocked = (out[:, :j] & (gram[: len(cand), j, :j] > score[:, j : j + 1])).any(axis=1)
+            blocked = (out[:, :j] & (gram[:, j, :j] > score[:, j : j + 1])).any(axis=1)
             out[:, j] = valid[:, j] & ~blocked
-        kept[start : start + ROW_BLOCK] = out
-    return kept
+        return out
+
+    blocks = in_parallel(block, list(range(0, n, ROW_BLOCK)))
+    return np.concatenate(blocks) if blocks else np.zeros((0, k), bool)
 
 
 def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.Table | None = None) -> Neighbours:
@@ -113,25 +136,42 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     node and its vector: a row whose vector changed is a new row). A row of
     `previous` (`to_table` of an earlier run, same model and k) is reused when at least k of its
     candidates still exist: those are the best among the surviving old nodes, so merging in the
-    new nodes that beat its last one gives the exact list again."""
+    new nodes that beat its last one gives the exact list again. New rows are scored against
+    every row once: that block gives both their own lists and what they bring to the reused ones."""
     n, width = len(ids), k + SLACK
     candidates = np.full((n, width), -1, np.int64)
     scores = np.full((n, width), -np.inf, np.float32)
     kept = np.zeros((n, width), bool)
-    reused = shifted = np.zeros(n, bool)
+    reused = shifted = is_new = np.zeros(n, bool)
     if previous is not None and previous.num_rows and n > k:
         reused, shifted = _take_previous(previous, ids, k, candidates, scores, kept)
+        is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
+            zero_copy_only=False)
     before = candidates[:, :k].copy()
     grid = quantised(vectors)
     search = np.flatnonzero(~reused)
-    for start in range(0, len(search), ROW_BLOCK):
-        rows = search[start : start + ROW_BLOCK]
-        candidates[rows], scores[rows] = top_k(scores_against(grid, rows), rows, width)
-    if reused.any():
-        new = np.flatnonzero(~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
-            zero_copy_only=False))
-        if len(new):
-            _merge_new(grid, new, reused, candidates, scores)
+    old = np.flatnonzero(reused)
+    length = (candidates[old] >= 0).sum(axis=1)
+    last_score, last_col = scores[old, length - 1], candidates[old, length - 1]
+
+    def block(start: int):
+        rows = search[start : start + SEARCH_BLOCK]
+        block_scores = scores_against(grid, rows)
+        beats = None
+        if len(old):  # the new rows that beat a reused row's last candidate (score, then id)
+            new_rows = rows[is_new[rows]]
+            against_old = block_scores[is_new[rows]][:, old]
+            a, o = np.nonzero((against_old > last_score) | ((against_old == last_score) & (new_rows[:, None] < last_col)))
+            beats = (o, new_rows[a], against_old[a, o])
+        return rows, top_k(block_scores, rows, width), beats
+
+    found = []
+    for rows, (block_candidates, block_scores), beats in in_parallel(block, list(range(0, len(search), SEARCH_BLOCK))):
+        candidates[rows], scores[rows] = block_candidates, block_scores
+        if beats is not None:
+            found.append(beats)
+    if found:
+        _merge_new(found, old, candidates, scores)
     kept = kept[:, :k]
     redo = np.flatnonzero(~reused | shifted | (candidates[:, :k] != before).any(axis=1))
     kept[redo] = prune(grid, candidates[redo, :k], scores[redo, :k])
@@ -168,30 +208,48 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scor
     return reused, shifted
 
 
-def _merge_new(grid, new: np.ndarray, reused: np.ndarray, candidates, scores) -> None:
-    """A reused row's list takes in the new nodes that beat its last candidate (score, then id)."""
-    old = np.flatnonzero(reused)
+def _merge_new(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], old: np.ndarray, candidates, scores) -> None:
+    """Reused rows take in the new nodes that beat their last candidate: `found` holds (position in
+    `old`, new row, score) triples. Each row's list is sorted (score, then column) and the new
+    columns are not in it, so this is a merge of two sorted lists: every entry's place is the
+    number of entries of the other list that precede it, counted, not sorted."""
     width = candidates.shape[1]
-    length = (candidates[old] >= 0).sum(axis=1)
-    last_score = scores[old, length - 1]
-    last_col = candidates[old, length - 1]
-    found = []
-    for start in range(0, len(new), ROW_BLOCK):
-        rows = new[start : start + ROW_BLOCK]
-        block = scores_against(grid, rows)[:, old]
-        a, o = np.nonzero((block > last_score) | ((block == last_score) & (rows[:, None] < last_col)))
-        found.append((o, rows[a], block[a, o]))
     o = np.concatenate([f[0] for f in found])
     if not len(o):
         return
-    hit = np.unique(o)
+    c = np.concatenate([f[1] for f in found])
+    v = np.concatenate([f[2] for f in found])
+    order = np.lexsort((c, -v, o))
+    o, c, v = o[order], c[order], v[order]
+    hit, first = np.unique(o, return_index=True)
+    slot = np.searchsorted(hit, o)  # row of the triple among the hit rows
     targets = old[hit]
-    r = np.concatenate([np.repeat(np.arange(len(hit)), width), np.searchsorted(hit, o)])
-    c = np.concatenate([candidates[targets].ravel(), *[f[1] for f in found]])
-    v = np.concatenate([scores[targets].ravel(), *[f[2] for f in found]])
-    by_column = np.argsort(c, kind="stable")
-    by_column = by_column[c[by_column] >= 0]
-    candidates[targets], scores[targets] = select(r[by_column], c[by_column], v[by_column], len(hit), width)
+    old_cols, old_scores = candidates[targets], scores[targets]
+    rank = np.arange(len(o)) - first[slot]  # among the new entries of its row
+    # old entries ahead of each new one: a binary search on (row, score) keys, ascending as the lists
+    # are; among equal scores (rare) the smaller column goes first
+    row_bits = np.arange(len(hit), dtype=np.uint64)[:, None] << np.uint64(32)
+    keys = (row_bits | _descending_key(old_scores)).ravel()
+    wanted = (slot.astype(np.uint64) << np.uint64(32)) | _descending_key(v)
+    lo, hi = np.searchsorted(keys, wanted, "left"), np.searchsorted(keys, wanted, "right")
+    before = lo - slot * width
+    for i in np.flatnonzero(hi > lo):
+        before[i] += int(((keys[lo[i] : hi[i]] == wanted[i]) & (old_cols.ravel()[lo[i] : hi[i]] < c[i])).sum())
+    inserted = np.zeros((len(hit), width + 1), np.int64)
+    np.add.at(inserted, (slot, before), 1)
+    shift = np.cumsum(inserted[:, :width], axis=1)  # new entries ahead of each old one
+    merged_cols = np.full((len(hit), width), -1, np.int64)
+    merged_scores = np.full((len(hit), width), -np.inf, np.float32)
+    destination = np.arange(width) + shift
+    fits = destination < width
+    rows = np.broadcast_to(np.arange(len(hit))[:, None], fits.shape)[fits]
+    merged_cols[rows, destination[fits]] = old_cols[fits]
+    merged_scores[rows, destination[fits]] = old_scores[fits]
+    destination = before + rank
+    fits = destination < width
+    merged_cols[slot[fits], destination[fits]] = c[fits]
+    merged_scores[slot[fits], destination[fits]] = v[fits]
+    candidates[targets], scores[targets] = merged_cols, merged_scores
 
 
 def pairs(neighbours: Neighbours) -> np.ndarray:
