@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
 import yaml
@@ -18,7 +19,6 @@ from .config import Config, SearchConfig, load_config
 from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
-from .engines.prompts import engine_name as llm_engine_name
 from .evaluate.datasets import Question, QuestionFileError, read_jsonl
 from .graph import NODE_TYPES
 from .index.chunk import check_input_folder, document_chunks, scan
@@ -33,8 +33,10 @@ from .index.pipeline import (
     run_pipeline,
     settings_digest,
 )
-from .search.retriever import Retrieval, Retriever
 from .workspace import Workspace, WorkspaceError
+
+if TYPE_CHECKING:  # the search imports scipy (0.3 s), which indexing does not need
+    from .search.retriever import Retrieval, Retriever
 
 
 def workspace_config(ws: Workspace, config_path: Path | None = None, overrides: dict | None = None) -> Config:
@@ -120,6 +122,8 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
             f"workspace {ws.root} was indexed with embedding {own.embedding.backend}:{own.embedding.model}; "
             "the config asks for another model"
         )
+    from .search.retriever import Retriever
+
     embedder = Embedder(config.embedding, None)
     engine = make_engine(config, ws, embedder)
     return Session(Retriever(ws, config, engine, embedder))
@@ -140,6 +144,8 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
 def engine_name(config: Config) -> str:
     """The name an engine for this config will carry (it keys the decomposition cache)."""
     if config.llm.engine == "litellm":
+        from .engines.prompts import engine_name as llm_engine_name
+
         return llm_engine_name(config.llm.model)
     return OfflineEngine.name
 

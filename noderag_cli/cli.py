@@ -42,7 +42,7 @@ from .config import ConfigError
 from .engines.base import EngineError
 from .index.chunk import InputError
 from .index.pipeline import Reporter
-from .search.retriever import QueryError
+from .search import QueryError
 from .workspace import WorkspaceError
 
 EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_WORKSPACE, EXIT_ENGINE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130

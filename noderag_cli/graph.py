@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import scipy.sparse as sp
 
 NODE_TYPES = ("T", "S", "N", "R", "A", "H", "O")
 RETRIEVABLE_TYPES = ("T", "S", "A", "H", "R")
@@ -173,11 +172,18 @@ def merge_edges(tables: list[pa.Table]) -> pa.Table:
 
 @dataclass
 class Graph:
-    """The heterograph as arrays: node order = nodes table order, a symmetric CSR adjacency."""
+    """The heterograph as arrays: node order = nodes table order, a symmetric weighted adjacency in
+    CSR form (rows ascending, columns sorted within a row, one entry per neighbour).
+
+    Indexing reads the CSR arrays directly; `adjacency` gives them as a scipy matrix for the query
+    path, built on first use: importing scipy.sparse costs ~0.3 s, which an indexing run then does
+    not pay."""
 
     ids: np.ndarray  # object array of node ids
     types: np.ndarray  # '<U1' array
-    adjacency: sp.csr_matrix  # weighted, symmetric
+    indptr: np.ndarray  # (n + 1,) int64
+    indices: np.ndarray  # column of each entry, int32
+    weights: np.ndarray  # weight of each entry, float64
     index_of: dict[str, int]
 
     @classmethod
@@ -193,11 +199,39 @@ class Graph:
         src = src.to_numpy(zero_copy_only=False).astype(np.int64)
         dst = dst.to_numpy(zero_copy_only=False).astype(np.int64)
         weight = edges["weight"].to_numpy().astype(np.float64)
-        adjacency = sp.coo_matrix(
-            (np.concatenate([weight, weight]), (np.concatenate([src, dst]), np.concatenate([dst, src]))), shape=(n, n)
-        ).tocsr()
+        rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
+        order = np.lexsort((cols, rows))
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
         types = np.asarray(nodes["type"].to_pylist(), dtype="<U1")
-        return cls(ids=ids, types=types, adjacency=adjacency, index_of=index_of)
+        return cls(ids=ids, types=types, indptr=indptr, indices=cols[order].astype(np.int32),
+                   weights=np.concatenate([weight, weight])[order], index_of=index_of)
+
+    @property
+    def degree(self) -> np.ndarray:
+        """Neighbours per node."""
+        return np.diff(self.indptr)
+
+    def neighbours(self, rows: np.ndarray) -> np.ndarray:
+        """Column indices of the given rows, concatenated (with repeats)."""
+        starts, counts = self.indptr[rows], np.diff(self.indptr)[rows]
+        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+        return self.indices[offsets]
+
+    def upper_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, column, weight) of every edge once, row < column, in CSR order."""
+        rows = np.repeat(np.arange(len(self.ids)), self.degree)
+        upper = self.indices > rows
+        return rows[upper], self.indices[upper].astype(np.int64), self.weights[upper]
+
+    @functools.cached_property
+    def adjacency(self):
+        """scipy.sparse.csr_matrix of the same arrays (imported here, see the class docstring)."""
+        import scipy.sparse as sp
+
+        n = len(self.ids)
+        index_type = np.int32 if len(self.indices) < 2**31 else np.int64
+        return sp.csr_matrix((self.weights, self.indices.astype(index_type), self.indptr.astype(index_type)), shape=(n, n))
 
 
 def _most_frequent(counts: dict[str, int]) -> str:

@@ -209,11 +209,12 @@ def terms(text: str) -> list[str]:
     return [t.casefold() for t in _TERM.findall(text) if t.casefold() not in STOPWORDS]
 
 
-def keywords(texts: Sequence[str], document_frequency: Counter, n_documents: int, k: int = 4) -> list[str]:
-    """Top-k terms by tf-idf of a group of texts against the whole corpus, ties by term."""
+def keywords(term_lists: Sequence[list[str]], document_frequency: Counter, n_documents: int, k: int = 4) -> list[str]:
+    """Top-k terms by tf-idf of a group of texts (given as their `terms`) against the whole
+    corpus, ties by term."""
     import math
 
-    tf = Counter(t for text in texts for t in terms(text))
+    tf = Counter(t for text_terms in term_lists for t in text_terms)
     scored = sorted(
         ((count * math.log((1 + n_documents) / (1 + document_frequency.get(term, 0))), term) for term, count in tf.items()),
         key=lambda x: (-x[0], x[1]),

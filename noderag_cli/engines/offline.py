@@ -101,6 +101,7 @@ class OfflineEngine:
 
     # attributes ----------------------------------------------------------------
     def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
+        self._embed_all(item.texts for item in items)
         results: list[str | Failure] = []
         for item in items:
             texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
@@ -113,23 +114,31 @@ class OfflineEngine:
                 progress(1)
         return results
 
+    def _embed_all(self, groups) -> None:
+        """Every text of a batch embedded in one call (one cache look-up, one pooling pass); the
+        items then find their vectors in the embedder's memory."""
+        self.embedder.embed(list(dict.fromkeys(t for texts in groups for t in texts if t.strip())))
+
     # communities ---------------------------------------------------------------
     def community_elements(
         self, items: Sequence[CommunityInput], progress: Progress | None = None
     ) -> list[list[Element] | Failure]:
+        self._embed_all(item.texts for item in items)
+        terms_of = {t: nlp.terms(t) for item in items for t in item.texts}
         document_frequency: Counter = Counter()
         for item in items:
             for text in item.texts:
-                document_frequency.update(set(nlp.terms(text)))
+                document_frequency.update(set(terms_of[text]))
         n_texts = sum(len(item.texts) for item in items)
         results: list[list[Element] | Failure] = []
         for item in items:
-            results.append(self._elements(item, document_frequency, n_texts))
+            results.append(self._elements(item, document_frequency, n_texts, terms_of))
             if progress:
                 progress(1)
         return results
 
-    def _elements(self, item: CommunityInput, document_frequency: Counter, n_texts: int) -> list[Element] | Failure:
+    def _elements(self, item: CommunityInput, document_frequency: Counter, n_texts: int,
+                  terms_of: dict[str, list[str]]) -> list[Element] | Failure:
         texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
         if len(texts) < 2:
             return Failure("community too small for a high-level element")
@@ -141,7 +150,7 @@ class OfflineEngine:
         for g in range(len(seeds)):
             members = np.flatnonzero(groups == g)
             picked = members[_mmr(vectors[members], ELEMENT_SENTENCES)]
-            title = " ".join(nlp.keywords([texts[i] for i in members], document_frequency, n_texts, k=3))
+            title = " ".join(nlp.keywords([terms_of[texts[i]] for i in members], document_frequency, n_texts, k=3))
             description = " ".join(texts[i] for i in sorted(picked.tolist()))
             if title:
                 elements.append(Element(title=title, description=description))

@@ -14,8 +14,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import scipy.sparse as sp
-from scipy.sparse import csgraph
 
 from .. import nlp
 from ..engines.base import AttributeInput, Engine, Failure
@@ -27,23 +25,37 @@ def pivot_nodes(n: int, pivots: int, seed: int) -> list[int]:
     return random.Random(seed).sample(list(range(n)), min(pivots, n))
 
 
-def sampled_betweenness(structure: sp.csr_matrix, sources: list[int]) -> np.ndarray:
-    """Brandes' dependency accumulation from the given sources on an unweighted undirected graph.
+def bfs_levels(graph: Graph, source: int) -> np.ndarray:
+    """Hops from source to every node (-1 where unreachable): a breadth-first search a level at a time."""
+    level = np.full(len(graph.ids), -1, np.int64)
+    level[source] = 0
+    frontier, depth = np.array([source]), 0
+    while len(frontier):
+        depth += 1
+        reached = graph.neighbours(frontier)
+        reached = np.unique(reached[level[reached] < 0])
+        level[reached] = depth
+        frontier = reached
+    return level
+
+
+def sampled_betweenness(graph: Graph, sources: list[int]) -> np.ndarray:
+    """Brandes' dependency accumulation from the given sources on the unweighted, undirected graph.
 
     Unnormalised (the caller compares against the mean, so any constant factor cancels).
-    Each source costs one BFS (scipy) and one pass over the shortest-path DAG's edges,
-    level by level, as numpy segment sums: no Python loop over nodes or edges.
+    Each source costs one BFS and one pass over the shortest-path DAG's edges, level by level,
+    as numpy segment sums: no Python loop over nodes or edges.
     """
-    n = structure.shape[0]
+    n = len(graph.ids)
     between = np.zeros(n, dtype=np.float64)
     if n == 0 or not sources:
         return between
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(structure.indptr))
-    cols = structure.indices.astype(np.int64)
-    distances = csgraph.shortest_path(structure, method="D", unweighted=True, directed=False, indices=sources)
-    for s, dist in zip(sources, np.atleast_2d(distances), strict=True):
-        finite = np.isfinite(dist)
-        level = np.where(finite, dist, -2).astype(np.int64)
+    rows = np.repeat(np.arange(n, dtype=np.int64), graph.degree)
+    cols = graph.indices.astype(np.int64)
+    for s in sources:
+        level = bfs_levels(graph, s)
+        finite = level >= 0
+        level = np.where(finite, level, -2)
         on_dag = finite[rows] & (level[cols] == level[rows] + 1)
         u, v = rows[on_dag], cols[on_dag]
         order = np.argsort(level[v], kind="stable")
@@ -73,14 +85,12 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     n = len(graph.ids)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    structure = graph.adjacency.copy()
-    structure.data[:] = 1
-    degree = np.asarray(structure.sum(axis=1)).ravel()
+    degree = graph.degree.astype(np.float64)
     threshold = math.floor(math.log(n) * math.sqrt(degree.mean())) if degree.mean() > 0 else 0
     is_entity = graph.types == "N"
     core = is_entity & (degree >= max(threshold, 1))
 
-    b = sampled_betweenness(structure, pivot_nodes(n, pivots, seed))
+    b = sampled_betweenness(graph, pivot_nodes(n, pivots, seed))
     scale = math.floor(math.log10(n)) if n >= 10 else 1
     bridges = is_entity & (b > b.mean() * scale)
     return np.flatnonzero(core | bridges)
@@ -97,10 +107,9 @@ def run(
     names = nodes["name"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     tokens = nodes["tokens"].to_numpy().astype(np.int64)
-    adjacency = graph.adjacency
     items, sources = [], []
     for i in chosen.tolist():
-        neighbours = adjacency.indices[adjacency.indptr[i] : adjacency.indptr[i + 1]]
+        neighbours = graph.indices[graph.indptr[i] : graph.indptr[i + 1]]
         neighbours = neighbours[np.isin(graph.types[neighbours], ["S", "R"])]
         # S before R, then by id: deterministic, and statements before stubs
         neighbours = sorted(neighbours.tolist(), key=lambda j: (graph.types[j] != "S", graph.ids[j]))

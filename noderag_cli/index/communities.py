@@ -19,7 +19,6 @@ from collections.abc import Callable
 import faiss
 import numpy as np
 import pyarrow as pa
-import scipy.sparse as sp
 
 from .. import nlp
 from ..embeddings import Embedder
@@ -61,9 +60,9 @@ def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> n
     if n == 0:
         return np.zeros(0, dtype=np.int32)
     ig = _igraph()
-    upper = sp.triu(graph.adjacency, k=1).tocoo()
-    g = ig.Graph(n=n, edges=np.column_stack([upper.row, upper.col]).astype(np.int64), directed=False)
-    g.es["weight"] = upper.data.astype(np.float64)
+    rows, cols, weights = graph.upper_edges()
+    g = ig.Graph(n=n, edges=np.column_stack([rows, cols]).astype(np.int64), directed=False)
+    g.es["weight"] = weights
     ig.set_random_number_generator(random.Random(seed))
     try:
         clustering = g.community_leiden(
@@ -103,7 +102,7 @@ def run(
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
     tokens = nodes["tokens"].to_numpy().astype(np.int64)[content]
-    degree = np.diff(graph.adjacency.indptr)
+    degree = graph.degree
 
     members: dict[int, list[int]] = defaultdict(list)
     for position, i in enumerate(content.tolist()):

@@ -21,7 +21,7 @@ from ..engines.base import Engine
 from ..graph import Graph
 from ..index.pipeline import check_embedding_model
 from ..workspace import Workspace, WorkspaceError
-from . import context
+from . import QueryError, context
 from .entry import NameIndex
 from .ppr import shallow_ppr, transition
 
@@ -59,10 +59,6 @@ def similarity_share(edges: pa.Table) -> pa.Table:
     table = edges.filter(hnsw)
     return table.set_column(table.schema.get_field_index("weight"), "weight",
                             pa.array(np.ones(table.num_rows, np.float32)))
-
-
-class QueryError(ValueError):
-    """A question that cannot be searched (empty, too long)."""
 
 
 @dataclass
