@@ -266,7 +266,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     fresh = [f for f in readable if f.path in touched]
     cache = ws.cache if ws.path("cache.sqlite").is_file() else None
     pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens, cache, store=False)
-    new_chunks = [(title, text) for title, chunks in pieces for text, _ in chunks]
+    new_chunks = [(title, text) for title, chunks in pieces for text, _, _ in chunks]
     to_decompose = len(new_chunks) - len(_decomposed(ws, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
     name = engine_name(config)

@@ -115,33 +115,26 @@ class Embedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text: from this embedder's memory (the stages
         of one run ask for the same texts), else the workspace cache, else computed and cached."""
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        missing: dict[str, list[int]] = {}
-        for row, text in enumerate(texts):
-            vector = self._memo.get(text)
-            if vector is None:
-                missing.setdefault(text, []).append(row)
-            else:
-                out[row] = vector
-        if not missing:
-            return out
-        todo = list(missing)
-        keys = [hashlib.blake2b(f"{self._cache_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in todo]
-        found = self.cache.get_many("embedding", keys) if self.cache else {}
-        fresh = [(text, key) for text, key in zip(todo, keys, strict=True) if key not in found]
-        for text, key in zip(todo, keys, strict=True):
-            blob = found.get(key)
-            if blob is not None:
-                self._memo[text] = np.frombuffer(blob, dtype=np.float32)
-        for start in range(0, len(fresh), 4096):
-            part = fresh[start : start + 4096]
-            vectors = self._compute([text for text, _ in part])
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
-            for (text, _), vector in zip(part, vectors, strict=True):
-                self._memo[text] = vector
-            if self.cache:
-                self.cache.put_many("embedding", [(key, vector.tobytes()) for (_, key), vector in zip(part, vectors, strict=True)])
-        for text, rows in missing.items():
-            out[rows] = self._memo[text]
-        return out
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        if missing:
+            keys = [hashlib.blake2b(f"{self._cache_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in missing]
+            found = self.cache.get_many("embedding", keys) if self.cache else {}
+            fresh = []
+            for text, key in zip(missing, keys, strict=True):
+                blob = found.get(key)
+                if blob is None:
+                    fresh.append((text, key))
+                else:
+                    self._memo[text] = np.frombuffer(blob, dtype=np.float32)
+            for start in range(0, len(fresh), 4096):
+                part = fresh[start : start + 4096]
+                vectors = self._compute([text for text, _ in part])
+                norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+                vectors = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
+                self._memo.update((text, vector) for (text, _), vector in zip(part, vectors, strict=True))
+                if self.cache:
+                    self.cache.put_many("embedding", [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
+        memo = self._memo
+        return np.stack([memo[t] for t in texts])

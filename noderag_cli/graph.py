@@ -234,6 +234,44 @@ class Graph:
         return sp.csr_matrix((self.weights, self.indices.astype(index_type), self.indptr.astype(index_type)), shape=(n, n))
 
 
+def _run_starts(column: pa.Array) -> np.ndarray:
+    """Positions where a sorted column takes a new value."""
+    n = len(column)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    changed = pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(np.r_[True, changed])
+
+
+def nodes_from_mentions(mentions: pa.Table) -> pa.Table:
+    """A nodes table (sorted by id) from one row per mention (`node`, `text`, `chunk`, `tokens` of
+    the text), as NodeSet builds it: a node's text is its most frequent surface form (ties: the
+    smallest), its chunks the distinct chunks, its mentions the count; N nodes are named by their
+    text. Vectorised, for tables of every mention in a corpus."""
+    if mentions.num_rows == 0:
+        return NODE_SCHEMA.empty_table()
+    forms = (mentions.group_by(["node", "text"], use_threads=False)
+             .aggregate([("tokens", "max"), ([], "count_all")])
+             .sort_by([("node", "ascending"), ("count_all", "descending"), ("text", "ascending")]))
+    starts = _run_starts(forms["node"].combine_chunks())
+    chosen = forms.take(pa.array(starts))
+    counts = np.add.reduceat(forms["count_all"].to_numpy(), starts)
+    in_chunks = (mentions.group_by(["node", "chunk"], use_threads=False).aggregate([])
+                 .sort_by([("node", "ascending"), ("chunk", "ascending")]))
+    offsets = np.r_[_run_starts(in_chunks["node"].combine_chunks()), in_chunks.num_rows].astype(np.int32)
+    ids = chosen["node"].combine_chunks()
+    types = pc.utf8_slice_codeunits(ids, 0, 1)
+    texts = chosen["text"].combine_chunks()
+    n = len(ids)
+    return pa.table({
+        "id": ids, "type": types, "text": texts, "name": pc.if_else(pc.equal(types, "N"), texts, ""),
+        "chunk_ids": pa.ListArray.from_arrays(pa.array(offsets), in_chunks["chunk"].combine_chunks()),
+        "doc_ids": pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string())),
+        "tokens": chosen["tokens_max"].cast(pa.int32()), "mentions": pa.array(counts.astype(np.int32)),
+        "community": pa.array(np.full(n, -1, np.int32)), "vector_row": pa.array(np.full(n, -1, np.int32)),
+    }).cast(NODE_SCHEMA)
+
+
 def _most_frequent(counts: dict[str, int]) -> str:
     if len(counts) == 1:
         return next(iter(counts))

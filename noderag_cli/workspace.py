@@ -64,10 +64,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+FEW_VALUES = frozenset({"type", "kind", "status", "stage", "reason"})
+"""Columns dictionary-encoded in parquet: a handful of distinct values. For ids and texts the
+encoder's attempt only costs time (writing the neighbour lists took twice as long with it)."""
+
+
 def write_parquet(path: Path, table: pa.Table) -> None:
     """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True)
+    pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
+                   use_dictionary=[name for name in table.column_names if name in FEW_VALUES])
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 

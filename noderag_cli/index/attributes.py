@@ -30,12 +30,14 @@ def bfs_levels(graph: Graph, source: int) -> np.ndarray:
     level = np.full(len(graph.ids), -1, np.int64)
     level[source] = 0
     frontier, depth = np.array([source]), 0
+    fresh = np.zeros(len(graph.ids), bool)
     while len(frontier):
         depth += 1
         reached = graph.neighbours(frontier)
-        reached = np.unique(reached[level[reached] < 0])
-        level[reached] = depth
-        frontier = reached
+        fresh[reached[level[reached] < 0]] = True
+        frontier = np.flatnonzero(fresh)
+        fresh[frontier] = False
+        level[frontier] = depth
     return level
 
 

@@ -166,30 +166,46 @@ def document_title(text: str, path: str) -> str:
     return ""
 
 
-def chunk_text(text: str, max_tokens: int, overlap_tokens: int = 0) -> list[str]:
-    """Greedy packing of paragraphs (then sentences, then token pieces) up to max_tokens.
+def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> list[list[tuple[str, int]]]:
+    """Each text's chunks with their tokens: greedy packing of paragraphs (then sentences, then
+    token pieces) up to max_tokens. Token counts for all texts go to the tokenizer together (a
+    call per document cost more than the counting in an update of short documents).
 
     With overlap, a chunk starts with the last whole pieces of the one before, as many as
     fit in `overlap_tokens` (at most half a chunk), so overlap never cuts a sentence.
     """
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.replace("\r\n", "\n"))]
-    paragraphs = [p for p in paragraphs if p]
-    pieces: list[str] = []
-    for paragraph, size in zip(paragraphs, nlp.count_tokens(paragraphs), strict=True):
-        if size <= max_tokens:
-            pieces.append(paragraph)
-            continue
-        for sentence in nlp.split_sentences(paragraph):
-            pieces.extend(nlp.token_split(sentence, max_tokens))
-    if not pieces:
-        return []
-    sizes = nlp.count_tokens(pieces)
+    paragraphs = [[p for p in (p.strip() for p in re.split(r"\n\s*\n", t.replace("\r\n", "\n"))) if p] for t in texts]
+    sizes = iter(nlp.count_tokens([p for group in paragraphs for p in group]))
+    pieces: list[list[tuple[str, int | None]]] = []
+    for group in paragraphs:
+        own: list[tuple[str, int | None]] = []
+        for paragraph in group:
+            size = next(sizes)
+            if size <= max_tokens:
+                own.append((paragraph, size))
+                continue
+            own.extend((piece, None) for sentence in nlp.split_sentences(paragraph)
+                       for piece in nlp.token_split(sentence, max_tokens))
+        pieces.append(own)
+    split_sizes = iter(nlp.count_tokens([p for own in pieces for p, size in own if size is None]))
+    pieces = [[(p, next(split_sizes) if size is None else size) for p, size in own] for own in pieces]
     overlap_tokens = min(overlap_tokens, max_tokens // 2)
+    chunks = [_pack(own, max_tokens, overlap_tokens) for own in pieces]
+    counts = iter(nlp.count_tokens([c for own in chunks for c in own]))
+    return [[(c, next(counts)) for c in own] for own in chunks]
+
+
+def chunk_text(text: str, max_tokens: int, overlap_tokens: int = 0) -> list[str]:
+    """One text's chunks (see chunk_texts)."""
+    return [c for c, _ in chunk_texts([text], max_tokens, overlap_tokens)[0]]
+
+
+def _pack(pieces: list[tuple[str, int]], max_tokens: int, overlap_tokens: int) -> list[str]:
     chunks: list[str] = []
     current: list[tuple[str, int]] = []
     current_tokens = 0
     fresh = False  # current holds a piece not yet in any chunk
-    for piece, size in zip(pieces, sizes, strict=True):
+    for piece, size in pieces:
         if current and fresh and current_tokens + size + 1 > max_tokens:
             chunks.append("\n\n".join(p for p, _ in current))
             carried: list[tuple[str, int]] = []
@@ -210,7 +226,7 @@ def chunk_text(text: str, max_tokens: int, overlap_tokens: int = 0) -> list[str]
     return chunks
 
 
-CHUNKER_VERSION = 2
+CHUNKER_VERSION = 3  # 3: cache entries carry each chunk's id
 
 
 def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> str:
@@ -222,30 +238,33 @@ def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> 
 def document_chunks(
     files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
     store: bool = True,
-) -> list[tuple[str, list[tuple[str, int]]]]:
-    """(title, [(chunk text, tokens)]) per file; cached by content so unchanged documents cost a
-    lookup. With store=False the cache is only read (a dry run writes nothing)."""
+) -> list[tuple[str, list[tuple[str, int, str]]]]:
+    """(title, [(chunk text, tokens, chunk id)]) per file; cached by content so unchanged documents
+    cost a lookup. With store=False the cache is only read (a dry run writes nothing)."""
     keys = [chunk_cache_key(f, max_tokens, overlap_tokens) if f.text is not None else "" for f in files]
     found = cache.get_many("chunks", [k for k in keys if k]) if cache is not None else {}
-    out: list[tuple[str, list[tuple[str, int]]]] = []
-    fresh: list[tuple[str, bytes]] = []
-    for file, key in zip(files, keys, strict=True):
+    out: list[tuple[str, list[tuple[str, int, str]]] | None] = []
+    todo = []
+    for position, (file, key) in enumerate(zip(files, keys, strict=True)):
         if file.text is None:
             out.append(("", []))
-            continue
-        if key in found:
+        elif key in found:
             title, pieces = json.loads(found[key])
-            out.append((title, [(t, n) for t, n in pieces]))
-            continue
-        pieces = chunk_text(file.text, max_tokens, overlap_tokens)
-        entry = (document_title(file.text, file.path), list(zip(pieces, nlp.count_tokens(pieces), strict=True)))
-        out.append(entry)
-        fresh.append((key, json.dumps(entry).encode()))
-        if cache is not None and store and len(fresh) >= 256:
+            out.append((title, [(t, n, c) for t, n, c in pieces]))
+        else:
+            out.append(None)
+            todo.append(position)
+    for start in range(0, len(todo), 256):
+        batch = todo[start : start + 256]
+        fresh = []
+        for position, pieces in zip(batch, chunk_texts([files[i].text for i in batch], max_tokens, overlap_tokens),
+                                    strict=True):
+            entry = (document_title(files[position].text, files[position].path),
+                     [(text, tokens, chunk_id(text)) for text, tokens in pieces])
+            out[position] = entry
+            fresh.append((keys[position], json.dumps(entry).encode()))
+        if cache is not None and store:
             cache.put_many("chunks", fresh)
-            fresh = []
-    if cache is not None and store:
-        cache.put_many("chunks", fresh)
     return out
 
 
@@ -264,9 +283,10 @@ def run(
             strict=True,
         ):
             docs[name].append(value)
-        for ordinal, (piece, tokens) in enumerate(pieces):
-            for name, value in zip(
-                CHUNK_SCHEMA.names, [chunk_id(piece), doc, ordinal, title, piece, tokens], strict=True
-            ):
-                chunks[name].append(value)
+        chunks["chunk_id"] += [c for _, _, c in pieces]
+        chunks["doc_id"] += [doc] * len(pieces)
+        chunks["ordinal"] += range(len(pieces))
+        chunks["title"] += [title] * len(pieces)
+        chunks["text"] += [t for t, _, _ in pieces]
+        chunks["tokens"] += [n for _, n, _ in pieces]
     return pa.Table.from_pydict(docs, schema=DOCUMENT_SCHEMA), pa.Table.from_pydict(chunks, schema=CHUNK_SCHEMA)

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engines.base import ChunkInput, Engine, Failure, Unit
-from ..graph import NODE_SCHEMA, entity_id, merge_edges, normalize_name, relation_id, unit_id
+from ..graph import entity_id, merge_edges, nodes_from_mentions, normalize_name, relation_id, unit_id
 from ..workspace import Cache, json_digest
 
 BATCH = 64
@@ -154,44 +154,12 @@ def unit_rows(
             pa.Table.from_pydict(link, schema=LINK_SCHEMA))
 
 
-def _run_starts(column: pa.Array) -> np.ndarray:
-    """Positions where a sorted column takes a new value."""
-    n = len(column)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    changed = pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    return np.flatnonzero(np.r_[True, changed])
-
-
 def build_graph(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Table]:
     """S, N, R nodes (sorted by id) and S-N, S-R, R-N edges, aggregated from the rows."""
-    if occurrences.num_rows == 0:
-        return NODE_SCHEMA.empty_table(), merge_edges([])
-    forms = (occurrences.group_by(["node", "text"], use_threads=False)
-             .aggregate([("tokens", "max"), ([], "count_all")])
-             .sort_by([("node", "ascending"), ("count_all", "descending"), ("text", "ascending")]))
-    node_column = forms["node"].combine_chunks()
-    starts = _run_starts(node_column)
-    chosen = forms.take(pa.array(starts))
-    mentions = np.add.reduceat(forms["count_all"].to_numpy(), starts) if len(starts) else np.zeros(0, np.int64)
-    in_chunks = (occurrences.group_by(["node", "chunk"], use_threads=False).aggregate([])
-                 .sort_by([("node", "ascending"), ("chunk", "ascending")]))
-    offsets = np.r_[_run_starts(in_chunks["node"].combine_chunks()), in_chunks.num_rows].astype(np.int32)
-    ids = chosen["node"].combine_chunks()
-    types = pc.utf8_slice_codeunits(ids, 0, 1)
-    texts = chosen["text"].combine_chunks()
-    n = len(ids)
-    nodes = pa.table({
-        "id": ids, "type": types, "text": texts, "name": pc.if_else(pc.equal(types, "N"), texts, ""),
-        "chunk_ids": pa.ListArray.from_arrays(pa.array(offsets), in_chunks["chunk"].combine_chunks()),
-        "doc_ids": pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string())),
-        "tokens": chosen["tokens_max"].cast(pa.int32()), "mentions": pa.array(mentions.astype(np.int32)),
-        "community": pa.array(np.full(n, -1, np.int32)), "vector_row": pa.array(np.full(n, -1, np.int32)),
-    }).cast(NODE_SCHEMA)
     edges = links.select(["source", "target", "kind"])
     edges = edges.append_column("weight", pa.array(np.ones(edges.num_rows, np.float32)))
     edges = edges.append_column("hnsw", pa.array(np.zeros(edges.num_rows, bool)))
-    return nodes, merge_edges([edges])
+    return nodes_from_mentions(occurrences), merge_edges([edges])
 
 
 def read_rows(occurrences_path, links_path) -> tuple[pa.Table, pa.Table] | None:

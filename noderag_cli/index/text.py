@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ..graph import NodeSet, make_edges
+from ..graph import merge_edges, nodes_from_mentions
 
 
 def run(chunks: pa.Table, units: pa.Table) -> tuple[pa.Table, pa.Table]:
     """T nodes (tokens from the chunks table) and T-S edges."""
-    built = NodeSet()
-    tokens_of: dict[str, int] = {}
-    for chunk, text, tokens in zip(
-        chunks["chunk_id"].to_pylist(), chunks["text"].to_pylist(), chunks["tokens"].to_pylist(), strict=True
-    ):
-        built.add(chunk, text, [chunk])
-        tokens_of[text] = tokens
-    pairs = [
-        (chunk, unit)
-        for unit, sources in zip(units["id"].to_pylist(), units["chunk_ids"].to_pylist(), strict=True)
-        if unit.startswith("S_")
-        for chunk in sources
-    ]
-    return built.table(lambda texts: [tokens_of[t] for t in texts]), make_edges(pairs, "T-S")
+    mentions = pa.table({"node": chunks["chunk_id"], "text": chunks["text"], "chunk": chunks["chunk_id"],
+                         "tokens": chunks["tokens"]})
+    units = units.filter(pc.starts_with(units["id"], "S_"))
+    sources = units["chunk_ids"].combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(sources), 0).to_numpy()
+    unit_ids = pc.take(units["id"], pa.array(np.repeat(np.arange(units.num_rows), lengths)))
+    edges = pa.table({"source": pc.list_flatten(sources), "target": unit_ids,
+                      "kind": pa.array(["T-S"] * len(unit_ids), pa.string()),
+                      "weight": pa.array(np.ones(len(unit_ids), np.float32)),
+                      "hnsw": pa.array(np.zeros(len(unit_ids), bool))})
+    return nodes_from_mentions(mentions), merge_edges([edges])
