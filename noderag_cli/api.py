@@ -51,7 +51,7 @@ def make_engine(config: Config, ws: Workspace, embedder: Embedder) -> Engine:
         from .engines.llm import LiteLLMEngine
 
         return LiteLLMEngine(config.llm, ws.cache)
-    return OfflineEngine(embedder)
+    return OfflineEngine(embedder, ws.cache)
 
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.ENOENT,

@@ -38,10 +38,27 @@ def _tokenizer():
     return tokenizer
 
 
+_IDS: dict[str, list[int]] = {}  # recently tokenised texts: indexing counts a text's tokens, then embeds it
+_IDS_LIMIT = 2_000_000  # tokens kept before the memory is cleared
+
+
+def token_ids(texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, from a memory of recent texts where possible."""
+    missing = list(dict.fromkeys(t for t in texts if t not in _IDS))
+    if missing:
+        fresh = [e.ids for e in _tokenizer().encode_batch(missing, add_special_tokens=False)]
+        if sum(map(len, _IDS.values())) + sum(map(len, fresh)) > _IDS_LIMIT:
+            _IDS.clear()
+        found = dict(zip(missing, fresh, strict=True))
+        _IDS.update(found)
+        return [_IDS.get(t) or found[t] for t in texts]
+    return [_IDS[t] for t in texts]
+
+
 def count_tokens(texts: Sequence[str]) -> list[int]:
     if not texts:
         return []
-    return [len(e.ids) for e in _tokenizer().encode_batch(list(texts), add_special_tokens=False)]
+    return [len(ids) for ids in token_ids(texts)]
 
 
 def token_split(text: str, max_tokens: int) -> list[str]:
@@ -209,14 +226,22 @@ def terms(text: str) -> list[str]:
     return [t.casefold() for t in _TERM.findall(text) if t.casefold() not in STOPWORDS]
 
 
-def keywords(term_lists: Sequence[list[str]], document_frequency: Counter, n_documents: int, k: int = 4) -> list[str]:
-    """Top-k terms by tf-idf of a group of texts (given as their `terms`) against the whole
-    corpus, ties by term."""
+def inverse_document_frequency(term_lists: Sequence[list[str]]) -> dict[str, float]:
+    """log((1 + n) / (1 + df)) of every term, over texts given as their `terms`."""
     import math
 
+    document_frequency: Counter = Counter()
+    for text_terms in term_lists:
+        document_frequency.update(set(text_terms))
+    n = len(term_lists)
+    return {term: math.log((1 + n) / (1 + df)) for term, df in document_frequency.items()}
+
+
+def keywords(term_lists: Sequence[list[str]], idf: dict[str, float], k: int = 4) -> list[str]:
+    """Top-k terms by tf-idf of a group of texts (given as their `terms`), ties by term; `idf`
+    from `inverse_document_frequency` over the whole corpus."""
+    import heapq
+
     tf = Counter(t for text_terms in term_lists for t in text_terms)
-    scored = sorted(
-        ((count * math.log((1 + n_documents) / (1 + document_frequency.get(term, 0))), term) for term, count in tf.items()),
-        key=lambda x: (-x[0], x[1]),
-    )
-    return [term for _, term in scored[:k]]
+    scored = ((count * idf[term], term) for term, count in tf.items())
+    return [term for _, term in heapq.nsmallest(k, scored, key=lambda x: (-x[0], x[1]))]

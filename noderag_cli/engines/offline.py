@@ -13,9 +13,9 @@ No model, no key, no network. It aims at a graph worth searching:
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from .. import nlp
 from ..embeddings import Embedder
 from ..graph import normalize_name
+from ..workspace import Cache, json_digest
 from .base import AttributeInput, ChunkInput, CommunityInput, Element, EngineStats, Failure, Progress, Unit
 
 MAX_RELATION_WORDS = 8
@@ -51,9 +52,31 @@ def _mmr(vectors: np.ndarray, k: int, diversity: float = 0.5) -> list[int]:
 class OfflineEngine:
     name = "offline-v1"
 
-    def __init__(self, embedder: Embedder):
+    def __init__(self, embedder: Embedder, cache: Cache | None = None):
         self.embedder = embedder
         self.stats = EngineStats()
+        self.cache = cache  # attribute and community results by input, so an update redoes only changed items
+
+    def _through_cache(self, task: str, payloads: list, compute, texts_of) -> list:
+        """compute(payload) for each payload, from the cache where an earlier run stored it; the
+        texts (texts_of(payload)) of the payloads to compute are embedded first, in one call.
+        Values are JSON; a Failure is returned, never stored."""
+        keys = [json_digest([self.name, task, payload]) for payload in payloads]
+        found = self.cache.get_many("offline", keys) if self.cache is not None else {}
+        missing = [payload for key, payload in zip(keys, payloads, strict=True) if key not in found]
+        self.embedder.embed(list(dict.fromkeys(t for payload in missing for t in texts_of(payload) if t.strip())))
+        results, fresh = [], []
+        for key, payload in zip(keys, payloads, strict=True):
+            if key in found:
+                results.append(json.loads(found[key]))
+                continue
+            value = compute(payload)
+            results.append(value)
+            if not isinstance(value, Failure):
+                fresh.append((key, json.dumps(value).encode()))
+        if self.cache is not None:
+            self.cache.put_many("offline", fresh)
+        return results
 
     # decompose -----------------------------------------------------------------
     def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]:
@@ -101,60 +124,62 @@ class OfflineEngine:
 
     # attributes ----------------------------------------------------------------
     def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
-        self._embed_all(item.texts for item in items)
-        results: list[str | Failure] = []
-        for item in items:
-            texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
+        def summary(payload: list) -> str | Failure:
+            entity, item_texts = payload
+            texts = list(dict.fromkeys(t for t in item_texts if t.strip()))
             if not texts:
-                results.append(Failure("entity has no connected text"))
-            else:
-                chosen = _mmr(self.embedder.embed(texts), ATTRIBUTE_SENTENCES)
-                results.append(f"{item.entity}: " + " ".join(texts[i] for i in sorted(chosen)))
-            if progress:
-                progress(1)
-        return results
+                return Failure("entity has no connected text")
+            chosen = _mmr(self.embedder.embed(texts), ATTRIBUTE_SENTENCES)
+            return f"{entity}: " + " ".join(texts[i] for i in sorted(chosen))
 
-    def _embed_all(self, groups) -> None:
-        """Every text of a batch embedded in one call (one cache look-up, one pooling pass); the
-        items then find their vectors in the embedder's memory."""
-        self.embedder.embed(list(dict.fromkeys(t for texts in groups for t in texts if t.strip())))
+        results = self._through_cache("attributes", [[item.entity, list(item.texts)] for item in items], summary,
+                                      lambda payload: payload[1])
+        if progress:
+            progress(len(items))
+        return results
 
     # communities ---------------------------------------------------------------
     def community_elements(
         self, items: Sequence[CommunityInput], progress: Progress | None = None
     ) -> list[list[Element] | Failure]:
-        self._embed_all(item.texts for item in items)
+        """Per community: its texts grouped around diverse seeds, each group's central texts as the
+        description (cached by the community's texts), titled by the group's tf-idf keywords
+        against every community's texts (recomputed: they depend on the whole corpus)."""
+        groups = self._through_cache("community_groups", [list(item.texts) for item in items], self._groups,
+                                     lambda payload: payload)
         terms_of = {t: nlp.terms(t) for item in items for t in item.texts}
-        document_frequency: Counter = Counter()
-        for item in items:
-            for text in item.texts:
-                document_frequency.update(set(terms_of[text]))
-        n_texts = sum(len(item.texts) for item in items)
+        idf = nlp.inverse_document_frequency([terms_of[t] for item in items for t in item.texts])
         results: list[list[Element] | Failure] = []
-        for item in items:
-            results.append(self._elements(item, document_frequency, n_texts, terms_of))
-            if progress:
-                progress(1)
+        for item, item_groups in zip(items, groups, strict=True):
+            if isinstance(item_groups, Failure):
+                results.append(item_groups)
+                continue
+            texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
+            elements = []
+            for members, picked in item_groups:
+                title = " ".join(nlp.keywords([terms_of[texts[i]] for i in members], idf, k=3))
+                if title:
+                    elements.append(Element(title=title, description=" ".join(texts[i] for i in picked)))
+            results.append(elements or Failure("no keywords in community"))
+        if progress:
+            progress(len(items))
         return results
 
-    def _elements(self, item: CommunityInput, document_frequency: Counter, n_texts: int,
-                  terms_of: dict[str, list[str]]) -> list[Element] | Failure:
-        texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
+    def _groups(self, item_texts: list[str]) -> list[list[list[int]]] | Failure:
+        """[member positions, description positions (sorted)] per element, over the distinct texts."""
+        texts = list(dict.fromkeys(t for t in item_texts if t.strip()))
         if len(texts) < 2:
             return Failure("community too small for a high-level element")
         vectors = self.embedder.embed(texts)
         n_elements = min(MAX_ELEMENTS, math.ceil(len(texts) / TEXTS_PER_ELEMENT))
         seeds = _mmr(vectors, n_elements, diversity=0.7)
-        groups = np.argmax(vectors @ vectors[seeds].T, axis=1)
-        elements = []
+        nearest = np.argmax(vectors @ vectors[seeds].T, axis=1)
+        groups = []
         for g in range(len(seeds)):
-            members = np.flatnonzero(groups == g)
+            members = np.flatnonzero(nearest == g)
             picked = members[_mmr(vectors[members], ELEMENT_SENTENCES)]
-            title = " ".join(nlp.keywords([terms_of[texts[i]] for i in members], document_frequency, n_texts, k=3))
-            description = " ".join(texts[i] for i in sorted(picked.tolist()))
-            if title:
-                elements.append(Element(title=title, description=description))
-        return elements or Failure("no keywords in community")
+            groups.append([members.tolist(), sorted(picked.tolist())])
+        return groups
 
     # search-time tasks -----------------------------------------------------------
     def query_entities(self, question: str) -> list[str]:

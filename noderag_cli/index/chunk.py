@@ -54,7 +54,7 @@ class InputError(RuntimeError):
 @dataclass
 class ScannedFile:
     path: str
-    absolute: Path
+    absolute: str
     text: str | None
     content_hash: str
     size: int
@@ -66,15 +66,16 @@ MAX_LINE_CHARS = 1_000_000
 chunking and decomposing it as text would take minutes and fill the graph with noise."""
 
 
-def _read_text(path: Path, max_bytes: int) -> tuple[str | None, bytes, str]:
+def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
     try:
-        info = path.stat()
+        info = os.stat(path)
         size = info.st_size
         if not stat.S_ISREG(info.st_mode):
             return None, b"", "not a regular file"
         if size > max_bytes:
             return None, b"", f"larger than chunk.max_file_bytes ({size} > {max_bytes} bytes)"
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read()
     except OSError as err:
         return None, b"", f"unreadable: {err.strerror or err}"
     if not data.strip():
@@ -125,8 +126,9 @@ def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFil
     def unreadable_folder(err: OSError) -> None:
         where = Path(err.filename) if err.filename else folder
         relative = where.relative_to(folder).as_posix() if where != folder else "."
-        found.append(ScannedFile(relative + "/", where, None, "", 0, f"folder not readable: {err.strerror or err}"))
+        found.append(ScannedFile(relative + "/", str(where), None, "", 0, f"folder not readable: {err.strerror or err}"))
 
+    # plain strings, not Path objects: building two Paths per file was half of a scan's time
     for root, dirs, files in os.walk(folder, followlinks=True, onerror=unreadable_folder):
         real = os.path.realpath(root)
         if real in seen_dirs:
@@ -134,11 +136,13 @@ def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFil
             continue
         seen_dirs.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        inside = Path(root).relative_to(folder).as_posix()
+        prefix = "" if inside == "." else inside + "/"
         for name in sorted(files):
-            absolute = Path(root) / name
-            if absolute.suffix.lower() not in suffixes or name.startswith("."):
+            if os.path.splitext(name)[1].lower() not in suffixes or name.startswith("."):
                 continue
-            relative = absolute.relative_to(folder).as_posix()
+            absolute = os.path.join(root, name)
+            relative = prefix + name
             try:
                 relative.encode("utf-8")
             except UnicodeEncodeError:

@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,7 +273,7 @@ def run_pipeline(
         log.info("stage %s started", stage)
         _kill_point(stage, "start")
         before = _snapshot(engine.stats)
-        vectors_before = ws.cache.count("embedding")
+        vectors_before = embedder.computed
         t0 = time.perf_counter()
         info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage))
         seconds = time.perf_counter() - t0
@@ -280,7 +281,7 @@ def run_pipeline(
         outputs_digest[stage] = digest
         _kill_point(stage, "commit")
         llm = _delta(before, engine.stats, ENGINE_TASK.get(stage))
-        info["vectors_computed"] = ws.cache.count("embedding") - vectors_before
+        info["vectors_computed"] = embedder.computed - vectors_before
         manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "settings": settings,
                                      "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}
         ws.write_manifest(manifest)
@@ -440,29 +441,9 @@ def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
 
 
-def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
-    """Similarity edges, the vector index, and the final nodes/edges tables."""
+def _final_nodes(ws: Workspace, ids: list[str], vectors: np.ndarray) -> pa.Table:
+    """Write nodes.parquet (doc ids through chunk ids, vector rows, communities) and vectors.faiss."""
     nodes = _all_stage_nodes(ws).sort_by("id")
-    ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
-    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
-    id_array = np.asarray(ids, dtype=object)
-    signature = {"model": embedder.model_id, "neighbours": config.similarity.neighbours,
-                 "version": similarity_edges.VERSION}
-    keys = similarity_edges.keys(ids, vectors)
-    neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
-                                                  _previous_neighbours(ws, signature))
-    pairs = similarity_edges.pairs(neighbours)
-    similarity = pa.table(
-        {"source": pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
-         "target": pa.array(id_array[pairs[:, 1]].tolist(), pa.string()),
-         "kind": pa.array(["similarity"] * len(pairs), pa.string()),
-         "weight": pa.array(np.ones(len(pairs), np.float32)),
-         "hnsw": pa.array(np.ones(len(pairs), bool))}
-    ).cast(EDGE_SCHEMA)
-    structural = [_read(ws, s, "edges.parquet") for s in ("decompose", "attributes", "communities", "text")]
-    edges = merge_edges([*structural, similarity])
-
-    # doc ids through chunk ids, vector rows, communities, token counts
     doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), _read(ws, "chunk", "chunks.parquet"))
     assignments = _read(ws, "communities", "assignments.parquet")
     community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
@@ -472,14 +453,41 @@ def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
     columns["vector_row"] = pc.fill_null(pc.index_in(nodes["id"], value_set=pa.array(ids, pa.string())), -1).cast(pa.int32())
     final = pa.table(columns).cast(NODE_SCHEMA)
     write_parquet(ws.path("nodes.parquet"), final)
-    write_parquet(ws.path("edges.parquet"), edges)
     index = similarity_edges.flat_index(vectors)
     atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())
-    table = similarity_edges.to_table(keys, neighbours)
-    write_parquet(ws.stage_path("similarity", "neighbours.parquet"),
-                  table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
+    return final
+
+
+def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
+    """Similarity edges, the vector index, and the final nodes/edges tables. The nodes table and the
+    index do not depend on the similarity edges: they are written on a second thread meanwhile."""
+    ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
+    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    with ThreadPoolExecutor(1) as pool:
+        final = pool.submit(_final_nodes, ws, ids, vectors)
+        id_array = np.asarray(ids, dtype=object)
+        signature = {"model": embedder.model_id, "neighbours": config.similarity.neighbours,
+                     "version": similarity_edges.VERSION}
+        keys = similarity_edges.keys(ids, vectors)
+        neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
+                                                      _previous_neighbours(ws, signature))
+        pairs = similarity_edges.pairs(neighbours)
+        similarity = pa.table(
+            {"source": pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
+             "target": pa.array(id_array[pairs[:, 1]].tolist(), pa.string()),
+             "kind": pa.array(["similarity"] * len(pairs), pa.string()),
+             "weight": pa.array(np.ones(len(pairs), np.float32)),
+             "hnsw": pa.array(np.ones(len(pairs), bool))}
+        ).cast(EDGE_SCHEMA)
+        structural = [_read(ws, s, "edges.parquet") for s in ("decompose", "attributes", "communities", "text")]
+        edges = merge_edges([*structural, similarity])
+        write_parquet(ws.path("edges.parquet"), edges)
+        table = similarity_edges.to_table(keys, neighbours)
+        write_parquet(ws.stage_path("similarity", "neighbours.parquet"),
+                      table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
+        final_rows = final.result().num_rows
     write_parquet(indexed_documents_path(ws), ws.read_table(ws.path("documents.parquet")))
     hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
-    return {"nodes": final.num_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
+    return {"nodes": final_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
             "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
             "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}

@@ -62,15 +62,16 @@ def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `scores` (the rows `rows` of the full matrix): the k best columns other than the
-    row itself, by score then column; padded with -1 / -inf when there are fewer."""
-    scores = scores.copy()
+    row itself, by score then column; padded with -1 / -inf when there are fewer. Sets each row's
+    own column of `scores` to -inf."""
     scores[np.arange(len(rows)), rows] = -np.inf
     k_eff = min(k, scores.shape[1] - 1)
-    bound = np.full(len(rows), -np.inf, np.float32)
+    lowest = np.finfo(np.float32).min  # a bound of -inf would let the -inf diagonal through
+    bound = np.full(len(rows), lowest, np.float32)
     sample = scores[:, ::SUBSAMPLE]
     if k_eff > 0 and sample.shape[1] > k_eff:
-        bound = np.partition(sample, sample.shape[1] - k_eff, axis=1)[:, sample.shape[1] - k_eff]
-    r, c = np.nonzero((scores >= bound[:, None]) & np.isfinite(scores))
+        bound = np.maximum(np.partition(sample, sample.shape[1] - k_eff, axis=1)[:, sample.shape[1] - k_eff], lowest)
+    r, c = np.nonzero(scores >= bound[:, None])
     return select(r, c, scores[r, c], len(rows), k)
 
 
@@ -152,17 +153,25 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     search = np.flatnonzero(~reused)
     old = np.flatnonzero(reused)
     length = (candidates[old] >= 0).sum(axis=1)
-    last_score, last_col = scores[old, length - 1], candidates[old, length - 1]
+    # a new row enters a reused row's list when it beats the list's last entry (score, then id)
+    last_score = np.full(n, np.inf, np.float32)
+    last_score[old] = scores[old, length - 1]
+    last_col = np.full(n, -1, np.int64)
+    last_col[old] = candidates[old, length - 1]
+    place = np.full(n, -1, np.int64)
+    place[old] = np.arange(len(old))
 
     def block(start: int):
         rows = search[start : start + SEARCH_BLOCK]
         block_scores = scores_against(grid, rows)
         beats = None
-        if len(old):  # the new rows that beat a reused row's last candidate (score, then id)
-            new_rows = rows[is_new[rows]]
-            against_old = block_scores[is_new[rows]][:, old]
-            a, o = np.nonzero((against_old > last_score) | ((against_old == last_score) & (new_rows[:, None] < last_col)))
-            beats = (o, new_rows[a], against_old[a, o])
+        if len(old):
+            new = is_new[rows]
+            against = block_scores[new] if not new.all() else block_scores
+            a, col = np.nonzero(against >= last_score)
+            value = against[a, col]
+            enters = (value > last_score[col]) | (rows[new][a] < last_col[col])
+            beats = (place[col[enters]], rows[new][a[enters]], value[enters])
         return rows, top_k(block_scores, rows, width), beats
 
     found = []
