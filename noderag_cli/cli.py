@@ -198,11 +198,12 @@ def query(
         raise _fail("give either a QUESTION or --questions FILE", EXIT_INPUT)
     overrides = {k: v for k, v in {"search.budget_tokens": budget, "search.vector_top_k": top_k,
                                    "search.ppr_iterations": iterations, "search.ppr_alpha": alpha}.items() if v is not None}
-    session = _run(lambda: api.open_workspace(workspace, config_path=config, overrides=overrides))
+    items, problems = _run(lambda: api.read_questions(questions)) if questions is not None else ([], [])
+    for problem in problems:
+        console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+    compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
+    session = _run(lambda: api.open_workspace(workspace, config_path=config, overrides=overrides, compiled=compiled))
     if questions is not None:
-        items, problems = _run(lambda: api.read_questions(questions))
-        for problem in problems:
-            console.print(f"[yellow]warning:[/] {problem}", highlight=False)
         for item in items:
             result = _run(lambda item=item: session.ask(item.question, answer=not context_only))
             out.print(json.dumps(result.as_dict(), ensure_ascii=False), highlight=False)

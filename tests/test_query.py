@@ -230,3 +230,43 @@ def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
     config.write_text(yaml.safe_dump({"embedding": {"dim": 64}}))
     run = noderag("index", str(tmp_path / "ws"), "--input", str(CORPUS), "--config", str(config))
     assert run.returncode == 2 and "not bundled" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
+    """The kernels (compiled, the API's default) and the numpy path (one-shot CLI questions) give
+    the same nodes, scores and order, for the default search and the paper's variants."""
+    plain = api.open_workspace(workspace, compiled=False)
+    assert plain.retriever.kernels is None and session.retriever.kernels is not None
+    base = session.retriever.config.search
+    settings = [{}, {"budget_tokens": 300}, {"similarity_weight": 1.0}, {"ppr_iterations": 1}, {"cross_s": 3, "cross_r": 0},
+                {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}]
+    for update in settings:
+        params = base.model_copy(update=update)
+        for item in QUESTIONS:
+            fast, slow = session.retrieve(item["question"], params), plain.retrieve(item["question"], params)
+            assert [(n.id, n.score) for n in fast.nodes] == [(n.id, n.score) for n in slow.nodes], (update, item)
+
+
+def test_the_int8_scan_finds_the_exact_top_k(session, monkeypatch):
+    import numpy as np
+
+    from noderag_cli.search import retriever as retriever_module
+    from noderag_cli.search.retriever import SCANNED
+
+    r = session.retriever
+    rng = np.random.default_rng(2)
+    queries = [r.embed_question(item["question"]) for item in QUESTIONS]
+    queries += [q / np.linalg.norm(q) for q in rng.normal(size=(20, r.vectors.shape[1])).astype(np.float32)]
+    for k in (1, 5, 10, 40):
+        for query in queries:
+            rows, scores = r.vector_search(query, k, SCANNED)
+            flat_rows, flat_scores = r.vector_search(query, k, SCANNED, r.similarities(query))
+            assert rows.tolist() == flat_rows.tolist() and np.array_equal(scores, flat_scores)
+    # with too few candidates to prove the answer, the exact scan takes over: same result
+    monkeypatch.setattr(retriever_module, "SCAN8_CANDIDATES", 0)
+    proved = 0
+    for query in queries:
+        proved += r._scan8_top(query, 10) is not None
+        assert r.vector_search(query, 10, SCANNED)[0].tolist() == \
+            r.vector_search(query, 10, SCANNED, r.similarities(query))[0].tolist()
+    assert proved < len(queries)

@@ -87,3 +87,52 @@ def test_names_match_longest_first_whole_words_and_fold_diacritics():
     assert index.match("a tenant", require_capital=True) == []  # "ten" is not a whole word here
     assert index.match("the Nobel Prize's history") == [5]
     assert index.match("summer is warm", require_capital=True) == []  # lower-case one-word n-gram
+
+
+def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
+    upper = np.triu(rng.random((n, n)) < density, 1) * (rng.integers(1, 7, (n, n)) if integer else rng.random((n, n)))
+    return sp.csr_matrix((upper + upper.T).astype(np.float64))
+
+
+@pytest.mark.parametrize("integer", [True, False])
+def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
+    from noderag_cli.search import kernels
+    from noderag_cli.search.retriever import compact_transition
+
+    rng = np.random.default_rng(11)
+    for trial in range(30):
+        n = int(rng.integers(5, 120))
+        adjacency = _random_graph(rng, n, float(rng.uniform(0.02, 0.2)), integer)
+        p_matrix = transition(adjacency)
+        indptr, indices, weights, inverse = compact_transition(adjacency, p_matrix)
+        assert (weights.dtype == np.uint8) == integer  # whole-number weights travel as bytes
+        entries = np.unique(rng.integers(0, n, int(rng.integers(1, 6))))
+        iterations = int(rng.integers(0, 5))
+        alpha = float(rng.choice([0.15, 0.5, 0.85]))
+        expected = shallow_ppr(p_matrix, entries, alpha, iterations)
+        scratch = np.zeros(n)
+        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch)
+        assert np.array_equal(support, expected[0]), trial
+        assert np.array_equal(mass, expected[1]), trial  # same sums in the same order: same bits
+        assert not scratch.any()  # handed back cleared
+
+
+def test_the_budget_kernel_equals_fit_budget():
+    from noderag_cli.search import kernels
+
+    rng = np.random.default_rng(5)
+    vocabulary = [f"statement number {i} of the corpus." for i in range(40)]
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        keys = [frozenset(rng.choice(vocabulary, int(rng.integers(0, 4)), replace=False).tolist()) for _ in range(n)]
+        tokens = rng.integers(1, 80, n).astype(np.int32)
+        rows = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        priority = np.round(rng.random(len(rows)), 1)  # ties, broken by row
+        budget = int(rng.integers(1, 400))
+        key_id = {k: i for i, k in enumerate(vocabulary)}
+        key_indptr = np.r_[0, np.cumsum([len(k) for k in keys])].astype(np.int64)
+        key_ids = np.array([key_id[k] for ks in keys for k in sorted(ks)], np.int64)
+        shown = np.zeros(len(vocabulary), bool)
+        got = kernels.fit_budget(rows[np.lexsort((rows, -priority))], tokens, budget, key_indptr, key_ids, shown)
+        assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=keys).tolist()
+        assert not shown.any()

@@ -26,7 +26,9 @@ def _walk(transition_p: sp.csr_matrix, rows: np.ndarray, mass: np.ndarray) -> np
     counts = transition_p.indptr[rows + 1] - starts
     offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
     weights = transition_p.data[offsets] * np.repeat(mass, counts)
-    return np.bincount(transition_p.indices[offsets], weights=weights, minlength=transition_p.shape[0])
+    # astype: with no entries at all (entry points without edges) bincount returns integers
+    return np.bincount(transition_p.indices[offsets], weights=weights,
+                       minlength=transition_p.shape[0]).astype(np.float64, copy=False)
 
 
 def shallow_ppr(transition_p: sp.csr_matrix, entries: np.ndarray, alpha: float, iterations: int,
