@@ -22,6 +22,9 @@ misconfigured, 130 interrupted. Every error is one line on stderr, never a trace
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -377,7 +380,22 @@ def ablate(
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    """The `noderag` command: run it, then leave without tearing the interpreter down. Everything a
+    command writes is on disk (fsynced) or flushed by then, and freeing an indexing run's millions of
+    small objects one by one took ~0.2 s, 5% of an incremental update. An unexpected exception
+    still ends the ordinary way, with its traceback."""
+    try:
+        app()
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
