@@ -66,7 +66,8 @@ class Embedder:
         self.config = config
         self.cache = cache
         self.model_id = f"{config.backend}:{config.model}:{config.dim}"
-        self._cache_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
+        # what decides a vector's bits: the model and, for the bundled one, how it is pooled
+        self.vector_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self._model = None
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
@@ -117,6 +118,11 @@ class Embedder:
         norm = np.linalg.norm(vector)
         return vector / norm if norm else vector
 
+    def remember(self, texts: list[str], vectors: np.ndarray) -> None:
+        """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
+        are not looked up in the cache again."""
+        self._memo.update(zip(texts, vectors, strict=True))
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text: from this embedder's memory (the stages
         of one run ask for the same texts), else the workspace cache, else computed and cached."""
@@ -124,7 +130,7 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
         if missing:
-            keys = [hashlib.blake2b(f"{self._cache_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in missing]
+            keys = [hashlib.blake2b(f"{self.vector_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in missing]
             found = self.cache.get_many("embedding", keys) if self.cache else {}
             fresh = []
             for text, key in zip(missing, keys, strict=True):

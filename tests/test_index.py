@@ -91,7 +91,8 @@ def test_workspace_layout(built):
     assert config["similarity"]["neighbours"] == 64 and config["llm"]["engine"] == "offline"
     assert "api_key" not in json.dumps(config).replace("api_key_env", "")
     state = manifest(built)
-    assert state["embedding"] == {"model": "wordllama:l2_supercat:256", "dim": 256}
+    assert state["embedding"] == {"model": "wordllama:l2_supercat:256", "dim": 256,
+                                  "vectors": "wordllama:l2_supercat:256:pool-own-tokens"}
     assert list(state["stages"]) == sorted(STAGES)
     for stage in STAGES:
         entry = state["stages"][stage]

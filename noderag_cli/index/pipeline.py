@@ -246,7 +246,9 @@ def run_pipeline(
     log.info("run started: input %s, %s", Path(input_folder).resolve(), result.documents)
 
     manifest = ws.read_manifest()
-    manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim}
+    if manifest.get("embedding", {}).get("vectors") == embedder.vector_id and indexed_state(ws):
+        _recall_vectors(ws, embedder)
+    manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest["input"] = str(Path(input_folder).resolve())
     ws.write_manifest(manifest)
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
@@ -317,6 +319,22 @@ class TokenCounter:
             self.cache.put_many("tokens", fresh)
             found.update(fresh)
         return [int(found[k]) for k in keys]
+
+
+def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
+    """The last complete build's vectors, by text, into the embedder's memory: an update's unchanged
+    nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue)."""
+    try:
+        nodes = ws.read_table(ws.path("nodes.parquet"), ["text", "vector_row"])
+        index = faiss.read_index(str(ws.path("vectors.faiss")))
+    except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
+        return  # a damaged earlier build: the cache still has every vector
+    rows = nodes["vector_row"].to_numpy()
+    embedded = np.flatnonzero(rows >= 0)
+    if index.ntotal != len(embedded) or (len(embedded) and rows.max() >= index.ntotal):
+        return
+    vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, embedder.dim), np.float32)
+    embedder.remember(nodes["text"].take(pa.array(embedded)).to_pylist(), vectors[rows[embedded]])
 
 
 def _snapshot(stats: EngineStats) -> dict:
