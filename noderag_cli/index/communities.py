@@ -74,19 +74,17 @@ def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> n
 
 
 def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
+    """Cluster of each vector: seeded spherical K-means, K = ceil(sqrt(n)). faiss splits each
+    update's centroids among its threads, each summing its centroids' points in point order, so the
+    clusters do not depend on the number of threads."""
     n = len(vectors)
     k = max(1, math.ceil(math.sqrt(n)))
     if n <= k:
         return np.arange(n, dtype=np.int64)
     km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
                       max_points_per_centroid=100000)
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # faster than 2 threads at this size, and no scheduling in the result
-    try:
-        km.train(np.ascontiguousarray(vectors, dtype=np.float32))
-        return km.index.search(vectors, 1)[1].ravel()
-    finally:
-        faiss.omp_set_num_threads(threads)
+    km.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    return km.index.search(vectors, 1)[1].ravel()
 
 
 def run(

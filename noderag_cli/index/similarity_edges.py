@@ -18,6 +18,7 @@ per node (`neighbours.parquet`) for the next run.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from threadpoolctl import threadpool_limits
 
-VERSION = 2  # of the neighbour lists' definition: stored lists of another version are not reused
+VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
@@ -288,10 +289,9 @@ def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
 def keys(ids: list[str], vectors: np.ndarray) -> np.ndarray:
     """Row names for `neighbour_lists`: the node id and a 64-bit fingerprint of its vector (a node
     keeps its id when its text changes, as an entity's attribute does)."""
-    bits = np.ascontiguousarray(vectors, np.float32).view(np.uint32).astype(np.uint64)
-    weights = np.random.default_rng(0).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
-    fingerprint = (bits * weights).sum(axis=1, dtype=np.uint64)
-    return np.asarray([f"{i}:{f:016x}" for i, f in zip(ids, fingerprint.tolist(), strict=True)], dtype=object)
+    rows = np.ascontiguousarray(vectors, np.float32)
+    return np.asarray([f"{i}:{hashlib.blake2b(row, digest_size=8).hexdigest()}" for i, row in zip(ids, rows, strict=True)],
+                      dtype=object)
 
 
 def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
