@@ -61,7 +61,7 @@ class OfflineEngine:
         """compute(payload) for each payload, from the cache where an earlier run stored it; the
         texts (texts_of(payload)) of the payloads to compute are embedded first, in one call.
         Values are JSON; a Failure is returned, never stored."""
-        keys = [json_digest([self.name, task, payload]) for payload in payloads]
+        keys = [json_digest([self.name, self.embedder.vector_id, task, payload]) for payload in payloads]
         found = self.cache.get_many("offline", keys) if self.cache is not None else {}
         missing = [payload for key, payload in zip(keys, payloads, strict=True) if key not in found]
         self.embedder.embed(list(dict.fromkeys(t for payload in missing for t in texts_of(payload) if t.strip())))

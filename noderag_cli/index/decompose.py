@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ..engines.base import ChunkInput, Engine, Failure, Unit
 from ..graph import entity_id, merge_edges, nodes_from_mentions, normalize_name, relation_id, unit_id
@@ -162,10 +164,8 @@ def build_graph(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Ta
     return nodes_from_mentions(occurrences), merge_edges([edges])
 
 
-def read_rows(occurrences_path, links_path) -> tuple[pa.Table, pa.Table] | None:
+def read_rows(occurrences_path: Path, links_path: Path) -> tuple[pa.Table, pa.Table] | None:
     """The rows an earlier run stored, if both files are readable and of this ROWS_VERSION."""
-    import pyarrow.parquet as pq
-
     try:
         occurrences, links = pq.read_table(occurrences_path), pq.read_table(links_path)
     except (OSError, pa.ArrowInvalid):

@@ -48,7 +48,18 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
             if scratch[entry] == 0.0:
                 touched[count] = entry
                 count += 1
-        support = np.sort(touched[:count])
+        if count * 8 < len(scratch):
+            support = np.sort(touched[:count])
+        else:  # most of the graph reached (deep walks): one pass over the nodes beats sorting them
+            support = np.empty(count, np.int64)
+            k = entry = 0
+            for node in range(len(scratch)):
+                is_entry = entry < len(entries) and node == entries[entry]
+                if is_entry:
+                    entry += 1
+                if is_entry or scratch[node] != 0.0:
+                    support[k] = node
+                    k += 1
         mass = np.empty(count)
         entry = 0
         for i in range(count):
