@@ -9,7 +9,9 @@ bounds, context budgets, benchmarks), so that methods are compared on one scale.
 from __future__ import annotations
 
 import functools
+import heapq
 import importlib.util
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -38,21 +40,32 @@ def _tokenizer():
     return tokenizer
 
 
-_IDS: dict[str, list[int]] = {}  # recently tokenised texts: indexing counts a text's tokens, then embeds it
-_IDS_LIMIT = 2_000_000  # tokens kept before the memory is cleared
+class _RecentIds:
+    """Token ids of recently tokenised texts: indexing counts a text's tokens, then embeds it."""
+
+    LIMIT = 2_000_000  # tokens kept before the memory is cleared
+
+    def __init__(self):
+        self.ids: dict[str, list[int]] = {}
+        self.tokens = 0
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.ids))
+        if not missing:
+            return [self.ids[t] for t in texts]
+        found = dict(zip(missing, (e.ids for e in _tokenizer().encode_batch(missing, add_special_tokens=False)),
+                         strict=True))
+        result = [found[t] if t in found else self.ids[t] for t in texts]
+        added = sum(map(len, found.values()))
+        if self.tokens + added > self.LIMIT:
+            self.ids.clear()
+            self.tokens = 0
+        self.ids.update(found)
+        self.tokens += added
+        return result
 
 
-def token_ids(texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text, from a memory of recent texts where possible."""
-    missing = list(dict.fromkeys(t for t in texts if t not in _IDS))
-    if missing:
-        fresh = [e.ids for e in _tokenizer().encode_batch(missing, add_special_tokens=False)]
-        if sum(map(len, _IDS.values())) + sum(map(len, fresh)) > _IDS_LIMIT:
-            _IDS.clear()
-        found = dict(zip(missing, fresh, strict=True))
-        _IDS.update(found)
-        return [_IDS.get(t) or found[t] for t in texts]
-    return [_IDS[t] for t in texts]
+token_ids = _RecentIds()
 
 
 def count_tokens(texts: Sequence[str]) -> list[int]:
@@ -228,8 +241,6 @@ def terms(text: str) -> list[str]:
 
 def inverse_document_frequency(term_lists: Sequence[list[str]]) -> dict[str, float]:
     """log((1 + n) / (1 + df)) of every term, over texts given as their `terms`."""
-    import math
-
     document_frequency: Counter = Counter()
     for text_terms in term_lists:
         document_frequency.update(set(text_terms))
@@ -240,8 +251,6 @@ def inverse_document_frequency(term_lists: Sequence[list[str]]) -> dict[str, flo
 def keywords(term_lists: Sequence[list[str]], idf: dict[str, float], k: int = 4) -> list[str]:
     """Top-k terms by tf-idf of a group of texts (given as their `terms`), ties by term; `idf`
     from `inverse_document_frequency` over the whole corpus."""
-    import heapq
-
     tf = Counter(t for text_terms in term_lists for t in text_terms)
     scored = ((count * idf[term], term) for term, count in tf.items())
     return [term for _, term in heapq.nsmallest(k, scored, key=lambda x: (-x[0], x[1]))]

@@ -4,9 +4,11 @@ The walk and the selection touch a few thousand nodes per question; as numpy the
 sixty array calls, whose fixed costs, not the arithmetic, made most of a query's time. Here they
 are plain loops, compiled once (cached on disk beside this file).
 
-Each kernel performs the same floating-point operations in the same order as the numpy code it
-replaced (and as `ppr.shallow_ppr`, kept for the other walk variants and for the tests), so the
-scores and every tie are bit-for-bit those of the numpy version.
+Each kernel performs the same floating-point operations in the same order as its numpy
+counterpart, which the retriever keeps and runs when it is opened without kernels (a single CLI
+question, where their ~0.7 s load would outweigh what they save): `ppr.shallow_ppr`,
+`Retriever.select` and `context.fit_budget`. So the scores and every tie are bit-for-bit the
+same either way (tests/test_search_parts.py, tests/test_query.py).
 """
 
 from __future__ import annotations

@@ -146,9 +146,10 @@ def _load_kernels() -> None:
 
 class Retriever:
     """A workspace loaded for search. With `compiled`, the walk, the selection and the budget run as
-    numba kernels (search/kernels.py: about a third of a query's time, for ~0.7 s more to open the
-    workspace, so worth it from some hundreds of questions per process); without, as numpy and
-    Python. Both give the same results to the bit (tests/test_search_parts.py)."""
+    numba kernels (search/kernels.py): a third less time per question (~0.5 ms) for ~0.7 s more to
+    open the workspace, worth it from about a thousand questions per process
+    (api.COMPILED_FROM_QUESTIONS); without, as numpy and Python. Both give the same results to the
+    bit (tests/test_search_parts.py, tests/test_query.py)."""
 
     def __init__(self, ws: Workspace, config: Config, engine: Engine, embedder: Embedder, compiled: bool = True):
         loading = threading.Thread(target=_load_kernels, name="noderag-kernels", daemon=True) if compiled else None
@@ -257,11 +258,12 @@ class Retriever:
         """The exact top k of the S, A and H vectors by cosine, ties by id, from the int8 scan's best
         candidates rescored exactly; None when the candidates cannot be shown to hold it.
 
-        With the query rounded as the vectors are (q = qc/sq + dq, v = vc/sv + dv), a cosine differs
-        from its int8 estimate qc.vc/(sq sv) by at most |q + ...|: (1 + |dq|)|dv| + |dq|(1 + |dv|) +
-        |dq||dv|. A vector outside the candidates is estimated no higher than the last candidate, so
-        it scores at most that estimate plus the bound; below the exact k-th best among the
-        candidates, it cannot be in the top k."""
+        With the query rounded as the vectors are (q = qc/sq + dq, v = vc/sv + dv, one scale sv for
+        all vectors), a cosine differs from its int8 estimate qc.vc/(sq sv) by at most
+        (1 + |dq|)|dv| + |dq|(1 + |dv|) + |dq||dv| (Cauchy-Schwarz on each cross term, |q| = |v| = 1),
+        with |dv| at most the largest vector's rounding error. A vector outside the candidates is
+        estimated no higher than the last candidate, so it scores at most that estimate plus the
+        bound; when that is below the exact k-th best among the candidates, it cannot be in the top k."""
         query64 = query.astype(np.float64)
         scale = 127.0 / max(float(np.abs(query64).max(initial=0.0)), 1e-12)
         rounded = np.rint(query64 * scale)
@@ -280,8 +282,8 @@ class Retriever:
 
     def similarities(self, query: np.ndarray) -> np.ndarray:
         """Cosine of the query to the S, A and H vectors, in the order of `_typed_vectors(SCANNED)`:
-        one exact scan, the vector side's candidates. Chunks are scored only when the walk reaches
-        them, which spares reading a fifth of the vectors per query (the scan is memory-bound)."""
+        one exact float32 scan. The search itself scans the int8 copy (`_scan8_top`); this is the
+        reference it is tested against, and the fallback."""
         return inner_products(self._typed_vectors(SCANNED)[1], query)
 
     def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...],
