@@ -170,6 +170,13 @@ def merge_edges(tables: list[pa.Table]) -> pa.Table:
     )
 
 
+def row_entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions of every entry of the given CSR rows, row after row, without building a sub-matrix."""
+    starts = indptr[rows]
+    counts = indptr[rows + 1] - starts
+    return np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+
+
 @dataclass
 class Graph:
     """The heterograph as arrays: node order = nodes table order, a symmetric weighted adjacency in
@@ -214,9 +221,7 @@ class Graph:
 
     def neighbours(self, rows: np.ndarray) -> np.ndarray:
         """Column indices of the given rows, concatenated (with repeats)."""
-        starts, counts = self.indptr[rows], np.diff(self.indptr)[rows]
-        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
-        return self.indices[offsets]
+        return self.indices[row_entries(self.indptr, rows)]
 
     def upper_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, column, weight) of every edge once, row < column, in CSR order."""

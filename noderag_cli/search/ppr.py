@@ -12,20 +12,24 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..graph import row_entries
+
+
+def inverse_degree(adjacency: sp.csr_matrix) -> np.ndarray:
+    """1 / weighted degree per row (0 for a row without edges)."""
+    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+
 
 def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
     """P, row-normalised, CSR."""
-    degree = np.asarray(adjacency.sum(axis=1)).ravel()
-    inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-    return (sp.diags(inverse) @ adjacency).tocsr()
+    return (sp.diags(inverse_degree(adjacency)) @ adjacency).tocsr()
 
 
 def _walk(transition_p: sp.csr_matrix, rows: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """mass^T P for mass on `rows` only: gathers those rows of P and sums them into a dense vector."""
-    starts = transition_p.indptr[rows]
-    counts = transition_p.indptr[rows + 1] - starts
-    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
-    weights = transition_p.data[offsets] * np.repeat(mass, counts)
+    offsets = row_entries(transition_p.indptr, rows)
+    weights = transition_p.data[offsets] * np.repeat(mass, np.diff(transition_p.indptr)[rows])
     # astype: with no entries at all (entry points without edges) bincount returns integers
     return np.bincount(transition_p.indices[offsets], weights=weights,
                        minlength=transition_p.shape[0]).astype(np.float64, copy=False)

@@ -19,12 +19,12 @@ import scipy.sparse as sp
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder
 from ..engines.base import Engine
-from ..graph import Graph
+from ..graph import Graph, row_entries
 from ..index.pipeline import check_embedding_model
 from ..workspace import Workspace, WorkspaceError
 from . import QueryError, context
 from .entry import NameIndex
-from .ppr import shallow_ppr, transition
+from .ppr import inverse_degree, shallow_ppr, transition
 
 MAX_QUESTION_CHARS = 20_000
 SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
@@ -59,22 +59,13 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
     return out
 
 
-def neighbours(adjacency: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
-    """Column indices of the given CSR rows, concatenated (with repeats), without building a sub-matrix."""
-    starts, stops = adjacency.indptr[rows], adjacency.indptr[rows + 1]
-    counts = stops - starts
-    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
-    return adjacency.indices[offsets]
-
-
 def compact_transition(adjacency: sp.csr_matrix, transition_p: sp.csr_matrix) -> tuple:
     """P as the walk kernel reads it: (indptr, indices, weights, inverse degree per row), in P's own
     entry order (scipy's product leaves a row's columns unsorted, and the order of a sum is part of
     its bits), where P's entry is inverse[row] x weight exactly as scipy computed it. Edge weights
     are small whole numbers, so they fit a byte: a third of P's float64 memory. P's own values are
     the fallback when a weight does not fit."""
-    degree = np.asarray(adjacency.sum(axis=1)).ravel()
-    inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+    inverse = inverse_degree(adjacency)
     rows = np.repeat(np.arange(adjacency.shape[0]), np.diff(transition_p.indptr))
     sorted_order = np.lexsort((transition_p.indices, rows))  # P's entries in the adjacency's sorted layout
     weights = np.empty(len(rows), adjacency.data.dtype)
@@ -460,7 +451,7 @@ class Retriever:
         leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), entities])
         if not len(leaders):
             return np.zeros(0, np.int64)
-        reached = np.unique(neighbours(self.leads_to, support[leaders]))
+        reached = np.unique(self.leads_to.indices[row_entries(self.leads_to.indptr, support[leaders])])
         return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
