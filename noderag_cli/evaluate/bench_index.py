@@ -59,11 +59,12 @@ class Run:
         return {s: (0.0 if stages.get(s, {}).get("skipped") else stages.get(s, {}).get("seconds", 0.0)) for s in STAGES}
 
 
-def run_index(workspace: Path, folder: Path, kill: tuple[str, float] | None = None) -> Run:
+def run_index(workspace: Path, folder: Path, kill: tuple[str, float] | None = None, config: Path | None = None) -> Run:
     """One `noderag index` child process; with kill=(stage, delay), SIGKILL it `delay` seconds after
     the manifest shows that stage running."""
     out = tempfile.TemporaryFile()
-    command = [sys.executable, "-m", "noderag_cli.cli", "index", str(workspace), "--input", str(folder), "--json"]
+    command = [sys.executable, "-m", "noderag_cli.cli", "index", str(workspace), "--input", str(folder), "--json",
+               *(["--config", str(config)] if config else [])]
     env = {k: v for k, v in os.environ.items() if k != "NODERAG_TEST_KILL_AT"}
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)

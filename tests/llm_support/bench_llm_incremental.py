@@ -1,0 +1,131 @@
+"""Incremental indexing with an LLM engine on MuSiQue's corpus (`make bench`): what an update asks.
+
+    python -m tests.llm_support.bench_llm_incremental [--data ../shared/eval] [--work DIR]
+
+The engine is litellm against the fault server in its deterministic "rich" mode (one unit per
+sentence, capitalised words as entities; the same request always gets the same reply), which
+stands in for a recorded LLM: a real model on this machine would take hours for 1,872 passages.
+Same split as the offline indexing benchmark (`bench_index.prepare`): a base build of 95% of the
+passages, then an update that adds 5%, changes 1% and deletes 1%; and a fresh build of the final
+folder. Every run is a `noderag index` child process; the server records each request.
+
+Checked: the update's requests are exactly the fresh build's requests that the base build did not
+make (nothing re-sent, nothing stale, nothing missing), its decompose calls are the chunks of the new
+and changed documents, and its tables equal the fresh build's. Reported: calls and tokens by task,
+and wall times (the server answers at once, so a real model's latency would only widen the gap).
+Exits non-zero when a check fails; without the corpus the section says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+
+from fault_server import FaultServer, _task_of  # noqa: E402
+
+from noderag_cli.evaluate.bench_index import ROOT, prepare, run_index, same_files  # noqa: E402
+
+TASKS = ("decompose", "attributes", "community_elements")
+
+
+def _requests(server: FaultServer) -> list[tuple[str, str, int]]:
+    """(task, messages, tokens) of every task request the server answered since the last reset."""
+    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True), int(r.usage.get("total_tokens", 0)))
+            for r in server.completions() if _task_of(r.body) and r.status == 200]
+
+
+def measure(data: Path, work: Path) -> tuple[list[str], bool]:
+    base, final, counts = prepare(data, work)
+    with FaultServer(default="rich") as server:
+        config = work / "llm.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 30, "retries": 2,
+                                                  "concurrency": 8}}))
+        runs, seen = {}, {}
+        for name, folder, workspace in (("fresh", final, work / "llm-fresh"), ("base", base, work / "llm-incremental"),
+                                        ("update", final, work / "llm-incremental")):
+            if name != "update":
+                shutil.rmtree(workspace, ignore_errors=True)
+            server.reset()
+            print(f"[bench_llm_incremental] {name} build ...", file=sys.stderr, flush=True)
+            runs[name] = run_index(workspace, folder, config=config)
+            if runs[name].returncode != 0:
+                return [f"{name} build failed with exit code {runs[name].returncode}"], False
+            seen[name] = _requests(server)
+    fresh, base_calls, update = ({(t, m) for t, m, _ in seen[k]} for k in ("fresh", "base", "update"))
+    expected = fresh - base_calls
+    stale, repeated, missing = update - fresh, update & base_calls, expected - update
+    decompose = runs["update"].summary["stages"]["decompose"]
+    identical = same_files(work / "llm-fresh", work / "llm-incremental")
+    duplicates = len(seen["update"]) - len(update)
+    ok = not (stale or repeated or missing or duplicates) and identical and \
+        decompose.get("decomposed") == sum(t == "decompose" for t, _, _ in seen["update"])
+
+    def row(label: str, pick) -> str:
+        cells = [pick(seen[k]) for k in ("fresh", "base", "update")]
+        share = f"{cells[2] / cells[0]:.1%}" if cells[0] else "-"
+        return f"| {label} | {cells[0]:,} | {cells[1]:,} | {cells[2]:,} | {share} |"
+
+    walls = {k: r.wall for k, r in runs.items()}
+    lines = [
+        "### Incremental update with an LLM engine",
+        "",
+        "Command: `python -m tests.llm_support.bench_llm_incremental`. litellm against the fault server's "
+        "deterministic *rich* replies (a stand-in for a recorded model; it answers at once), concurrency 8, "
+        f"same split as above: base {counts['base']:,} passages, update +{counts['added']} / "
+        f"{counts['changed']} changed / {counts['deleted']} deleted.",
+        "",
+        "| measure | fresh build (final) | base build (95%) | incremental update | update / fresh |",
+        "|---|---:|---:|---:|---:|",
+        *(row(f"{task} calls", lambda s, t=task: sum(x[0] == t for x in s)) for task in TASKS),
+        row("all LLM calls", len),
+        row("tokens (prompt + completion)", lambda s: sum(x[2] for x in s)),
+        f"| process wall time (s) | {walls['fresh']:.1f} | {walls['base']:.1f} | {walls['update']:.1f} | "
+        f"{walls['update'] / walls['fresh']:.1%} |",
+        "",
+        f"- The update's requests are exactly the fresh build's requests that the base build did not make: "
+        f"**{'yes' if not (stale or repeated or missing or duplicates) else 'NO'}** "
+        f"({len(stale)} not in the fresh build, {len(repeated)} already made by the base build, {len(missing)} "
+        f"missing, {duplicates} sent twice).",
+        f"- Decompose calls in the update = chunks of the new and changed documents: "
+        f"{decompose.get('decomposed', '?')} chunks decomposed, {decompose.get('cached', '?')} from the cache.",
+        f"- Update's nodes.parquet and edges.parquet byte-identical to the fresh build: "
+        f"**{'yes' if identical else 'NO'}**.",
+    ]
+    return lines, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "eval")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--quick", action="store_true", help="accepted for `make bench --quick`; same run")
+    args = parser.parse_args(argv)
+    data = args.data / "musique" if (args.data / "musique").is_dir() else args.data
+    if not (data / "corpus.json").is_file():
+        print(f"### Incremental update with an LLM engine\n\nskipped: no MuSiQue corpus at {data / 'corpus.json'}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="noderag-bench-llm-inc-")) if args.work is None else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        lines, ok = measure(data, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
