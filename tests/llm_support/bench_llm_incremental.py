@@ -23,7 +23,6 @@ import json
 import shutil
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import yaml

@@ -1,0 +1,66 @@
+"""Stage 3's graph measures: sampled betweenness and its pivots, on real graphs."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from noderag_cli.graph import Graph
+from noderag_cli.index.attributes import important_entities, pivot_nodes, sampled_betweenness
+
+
+def _graph(g: nx.Graph, types: dict[int, str] | None = None) -> Graph:
+    name = {i: f"N_{i:04d}" for i in sorted(g.nodes)}
+    nodes = pa.table({"id": list(name.values()), "type": [(types or {}).get(i, "N") for i in name]})
+    edges = pa.table({"source": [name[u] for u, v in g.edges], "target": [name[v] for u, v in g.edges],
+                      "weight": pa.array(np.ones(g.number_of_edges()), pa.float32())})
+    return Graph.from_tables(nodes, edges)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_betweenness_from_every_source_is_brandes(seed):
+    g = nx.gnm_random_graph(60, 120, seed=seed)
+    g.add_edges_from([(60, 61)])  # a second component
+    expected = nx.betweenness_centrality(g, normalized=False)  # networkx halves undirected pair counts
+    got = sampled_betweenness(_graph(g), list(range(g.number_of_nodes())))
+    assert np.allclose(got, [2 * expected[i] for i in sorted(g.nodes)])
+
+
+def test_betweenness_from_some_sources_sums_their_dependencies():
+    g = nx.gnm_random_graph(40, 90, seed=7)
+    graph = _graph(g)
+    sources = [3, 11, 29]
+    expected = nx.betweenness_centrality_subset(g, sources=sources, targets=list(g.nodes), normalized=False)
+    got = sampled_betweenness(graph, sources)
+    # networkx counts each (source, target) pair once and halves it for undirected graphs
+    assert np.allclose(got, [2 * expected[i] for i in sorted(g.nodes)])
+
+
+def test_pivots_are_kept_when_other_nodes_come_and_go():
+    ids = np.array([f"N_{i:05d}" for i in range(2000)], dtype=object)
+    pivots = set(ids[pivot_nodes(ids, 10, seed=42)].tolist())
+    assert len(pivots) == 10
+    grown = np.array(sorted([*ids.tolist(), *[f"S_{i:05d}" for i in range(100)]]), dtype=object)
+    after = set(grown[pivot_nodes(grown, 10, seed=42)].tolist())
+    assert after <= pivots | {f"S_{i:05d}" for i in range(100)}
+    assert len(after & pivots) >= 5  # 100 new nodes among 2,100 displace about half a pivot on average
+    others = [i for i in ids.tolist() if i not in pivots]
+    shrunk = np.array(others[:1000] + sorted(pivots), dtype=object)  # half the other nodes deleted
+    assert set(shrunk[pivot_nodes(shrunk, 10, seed=42)].tolist()) == pivots
+    assert set(ids[pivot_nodes(ids, 10, seed=43)].tolist()) != pivots
+    assert sorted(pivot_nodes(ids[:4], 10, seed=42)) == [0, 1, 2, 3]
+
+
+def test_important_entities_are_hubs_and_bridges():
+    # two dense clusters of statements joined only through entity 100; entity 101 hangs off one leaf
+    g = nx.Graph()
+    for base in (0, 50):
+        g.add_edges_from((base + i, base + j) for i in range(20) for j in range(i + 1, 20) if (i + j) % 3 == 0)
+        g.add_edge(100, base)
+    g.add_edge(101, 5)
+    types = {i: "S" for i in g.nodes} | {100: "N", 101: "N"}
+    graph = _graph(g, types)
+    chosen = set(graph.ids[important_entities(graph, pivots=len(graph.ids), seed=42)].tolist())
+    assert chosen == {"N_0100"}
