@@ -8,8 +8,8 @@ texts of its S and R neighbours (not raw chunks), bounded by a token budget.
 
 from __future__ import annotations
 
-import hashlib
 import math
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +21,9 @@ from ..graph import Graph, NodeSet, attribute_id, make_edges
 
 
 def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
-    """The seeded sample of BFS sources: the `pivots` nodes whose ids hash lowest with the seed.
+    """The seeded sample of BFS sources: the `pivots` nodes whose ids hash lowest with the seed
+    (CRC-32 started from the seed: ids are content hashes already, so this only needs to mix in
+    the seed, and it costs 5 ms for 33,000 ids where blake2b took 65).
 
     A node is drawn for what it is, not for its position: an update that adds or removes
     other nodes keeps the sample, unless one of them hashes lower. A positional draw
@@ -29,8 +31,7 @@ def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
     them which entities count as bridges: on MuSiQue, 70 of ~130 bridges were new after an update
     of 7% of the passages, against 20 with this draw, and each one is an attribute to rewrite.
     """
-    rank = np.array([int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest(), "big")
-                     for i in ids.tolist()], dtype=np.uint64)
+    rank = np.array([zlib.crc32(i.encode(), seed & 0xFFFFFFFF) for i in ids.tolist()], dtype=np.uint32)
     return np.argsort(rank, kind="stable")[: min(pivots, len(ids))].tolist()
 
 
