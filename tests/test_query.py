@@ -117,7 +117,9 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
                             key=lambda n: (-score[n], n))
             assert set(ranked[:quota]) <= set(got), node_type
             for n in ranked[:quota]:
-                assert got[n] == pytest.approx(score[n], rel=1e-5)
+                # the search's cosines are float32 dot products: off by up to ~1e-6 in absolute terms,
+                # which is more than 1e-5 relative for a node almost orthogonal to the question
+                assert got[n] == pytest.approx(score[n], rel=1e-5, abs=np.sqrt(walk[n]) * 2e-6), (n, cosine.get(n))
         assert all(r.type_codes[n] <= TYPE_CODE["R"] for n in got)
 
 
