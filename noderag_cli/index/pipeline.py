@@ -44,7 +44,7 @@ from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_dige
 from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
-STAGE_VERSION = 3
+STAGE_VERSION = 4  # 4: betweenness pivots drawn by hashed id; a workspace of 3 re-derives its tables
 
 # config sections (plus "engine") each stage's output depends on
 STAGE_SETTINGS = {
