@@ -109,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "eval")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
-    parser.add_argument("--quick", action="store_true", help="accepted for `make bench --quick`; same run")
     args = parser.parse_args(argv)
     data = args.data / "musique" if (args.data / "musique").is_dir() else args.data
     if not (data / "corpus.json").is_file():
