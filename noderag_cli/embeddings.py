@@ -94,7 +94,7 @@ class Embedder:
                 )
             with safe_open(str(weights), framework="np", device="cpu") as handle:
                 table = np.ascontiguousarray(handle.get_tensor("embedding.weight").astype(np.float32))
-            if tokenizer_file.name == "l2_supercat_tokenizer_config.json":
+            if tokenizer_file.name == nlp.TOKENIZER_FILE:
                 tokenizer = nlp._tokenizer()  # the one tokenizer: loaded once per process
             else:
                 from tokenizers import Tokenizer

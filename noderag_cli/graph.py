@@ -118,6 +118,15 @@ def empty_edges() -> pa.Table:
     return EDGE_SCHEMA.empty_table()
 
 
+def edge_rows(source, target, kind, hnsw: bool = False) -> pa.Table:
+    """One row of weight 1 per connection, before `merge_edges` orders the pairs and sums repeats:
+    `kind` is one kind for all rows or an array of them."""
+    n = len(source)
+    kinds = pa.array([kind] * n, pa.string()) if isinstance(kind, str) else kind
+    return pa.table({"source": source, "target": target, "kind": kinds, "weight": pa.array(np.ones(n, np.float32)),
+                     "hnsw": pa.array(np.full(n, hnsw))}).cast(EDGE_SCHEMA)
+
+
 def make_edges(pairs: list[tuple[str, str]], kind: str) -> pa.Table:
     """Undirected edges of one kind from id pairs: canonical order, duplicates summed into weight."""
     if not pairs:
@@ -125,12 +134,7 @@ def make_edges(pairs: list[tuple[str, str]], kind: str) -> pa.Table:
     a = pa.array([p[0] for p in pairs], pa.string())
     b = pa.array([p[1] for p in pairs], pa.string())
     first = pc.less(a, b)
-    table = pa.table(
-        {"source": pc.if_else(first, a, b), "target": pc.if_else(first, b, a),
-         "kind": pa.array([kind] * len(pairs), pa.string()), "weight": pa.array(np.ones(len(pairs), np.float32)),
-         "hnsw": pa.array(np.zeros(len(pairs), bool))}
-    )
-    return merge_edges([table])
+    return merge_edges([edge_rows(pc.if_else(first, a, b), pc.if_else(first, b, a), kind)])
 
 
 def merge_edges(tables: list[pa.Table]) -> pa.Table:

@@ -29,12 +29,15 @@ def wordllama_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+TOKENIZER_FILE = "l2_supercat_tokenizer_config.json"  # in wordllama's tokenizers/ folder
+
+
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
     """The one tokenizer (no padding, no truncation); the bundled embedding model uses it too."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(wordllama_folder() / "tokenizers" / "l2_supercat_tokenizer_config.json"))
+    tokenizer = Tokenizer.from_file(str(wordllama_folder() / "tokenizers" / TOKENIZER_FILE))
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer

@@ -34,6 +34,11 @@ TEXTS_PER_ELEMENT = 12
 MAX_ELEMENTS = 4
 
 
+def _distinct(texts) -> list[str]:
+    """The non-blank texts, each once, in order."""
+    return list(dict.fromkeys(t for t in texts if t.strip()))
+
+
 def _mmr(vectors: np.ndarray, k: int, diversity: float = 0.5) -> list[int]:
     """Indices of k rows that are central (close to the mean) yet unlike each other."""
     if len(vectors) == 0:
@@ -64,7 +69,7 @@ class OfflineEngine:
         keys = [json_digest([self.name, self.embedder.vector_id, task, payload]) for payload in payloads]
         found = self.cache.get_many("offline", keys) if self.cache is not None else {}
         missing = [payload for key, payload in zip(keys, payloads, strict=True) if key not in found]
-        self.embedder.embed(list(dict.fromkeys(t for payload in missing for t in texts_of(payload) if t.strip())))
+        self.embedder.embed(_distinct(t for payload in missing for t in texts_of(payload)))
         results, fresh = [], []
         for key, payload in zip(keys, payloads, strict=True):
             if key in found:
@@ -126,7 +131,7 @@ class OfflineEngine:
     def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
         def summary(payload: list) -> str | Failure:
             entity, item_texts = payload
-            texts = list(dict.fromkeys(t for t in item_texts if t.strip()))
+            texts = _distinct(item_texts)
             if not texts:
                 return Failure("entity has no connected text")
             chosen = _mmr(self.embedder.embed(texts), ATTRIBUTE_SENTENCES)
@@ -154,7 +159,7 @@ class OfflineEngine:
             if isinstance(item_groups, Failure):
                 results.append(item_groups)
                 continue
-            texts = list(dict.fromkeys(t for t in item.texts if t.strip()))
+            texts = _distinct(item.texts)
             elements = []
             for members, picked in item_groups:
                 title = " ".join(nlp.keywords([terms_of[texts[i]] for i in members], idf, k=3))
@@ -167,7 +172,7 @@ class OfflineEngine:
 
     def _groups(self, item_texts: list[str]) -> list[list[list[int]]] | Failure:
         """[member positions, description positions (sorted)] per element, over the distinct texts."""
-        texts = list(dict.fromkeys(t for t in item_texts if t.strip()))
+        texts = _distinct(item_texts)
         if len(texts) < 2:
             return Failure("community too small for a high-level element")
         vectors = self.embedder.embed(texts)

@@ -20,13 +20,20 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..engines.base import ChunkInput, Engine, Failure, Unit
-from ..graph import entity_id, merge_edges, nodes_from_mentions, normalize_name, relation_id, unit_id
+from ..graph import (
+    edge_rows,
+    entity_id,
+    merge_edges,
+    nodes_from_mentions,
+    normalize_name,
+    relation_id,
+    unit_id,
+)
 from ..workspace import Cache, json_digest
 
 BATCH = 64
@@ -158,9 +165,7 @@ def unit_rows(
 
 def build_graph(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Table]:
     """S, N, R nodes (sorted by id) and S-N, S-R, R-N edges, aggregated from the rows."""
-    edges = links.select(["source", "target", "kind"])
-    edges = edges.append_column("weight", pa.array(np.ones(edges.num_rows, np.float32)))
-    edges = edges.append_column("hnsw", pa.array(np.zeros(edges.num_rows, bool)))
+    edges = edge_rows(links["source"], links["target"], links["kind"])
     return nodes_from_mentions(occurrences), merge_edges([edges])
 
 

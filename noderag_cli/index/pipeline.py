@@ -39,7 +39,7 @@ from .. import nlp
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
-from ..graph import EDGE_SCHEMA, NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, edge_rows, merge_edges
 from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, json_digest, write_parquet
 from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
 
@@ -490,13 +490,8 @@ def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
         neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
                                                       _previous_neighbours(ws, signature))
         pairs = similarity_edges.pairs(neighbours)
-        similarity = pa.table(
-            {"source": pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
-             "target": pa.array(id_array[pairs[:, 1]].tolist(), pa.string()),
-             "kind": pa.array(["similarity"] * len(pairs), pa.string()),
-             "weight": pa.array(np.ones(len(pairs), np.float32)),
-             "hnsw": pa.array(np.ones(len(pairs), bool))}
-        ).cast(EDGE_SCHEMA)
+        similarity = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
+                               pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
         structural = [_read(ws, s, "edges.parquet") for s in ("decompose", "attributes", "communities", "text")]
         edges = merge_edges([*structural, similarity])
         write_parquet(ws.path("edges.parquet"), edges)

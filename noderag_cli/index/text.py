@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..graph import merge_edges, nodes_from_mentions
+from ..graph import edge_rows, merge_edges, nodes_from_mentions
 
 
 def run(chunks: pa.Table, units: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -17,8 +17,4 @@ def run(chunks: pa.Table, units: pa.Table) -> tuple[pa.Table, pa.Table]:
     sources = units["chunk_ids"].combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(sources), 0).to_numpy()
     unit_ids = pc.take(units["id"], pa.array(np.repeat(np.arange(units.num_rows), lengths)))
-    edges = pa.table({"source": pc.list_flatten(sources), "target": unit_ids,
-                      "kind": pa.array(["T-S"] * len(unit_ids), pa.string()),
-                      "weight": pa.array(np.ones(len(unit_ids), np.float32)),
-                      "hnsw": pa.array(np.zeros(len(unit_ids), bool))})
-    return nodes_from_mentions(mentions), merge_edges([edges])
+    return nodes_from_mentions(mentions), merge_edges([edge_rows(pc.list_flatten(sources), unit_ids, "T-S")])
