@@ -215,6 +215,15 @@ def test_missing_question_file_and_malformed_lines(workspace, tmp_path):
     assert ":2:" in run.stderr and ":3:" in run.stderr
 
 
+@pytest.mark.parametrize("content", ["", "\n\n", 'not json\n{"question": "  "}\n'])
+def test_a_question_file_without_a_usable_question_is_refused(workspace, tmp_path, content):
+    path = tmp_path / "questions.jsonl"
+    path.write_text(content)
+    run = noderag("query", str(workspace), "--questions", str(path))
+    assert run.returncode == 2 and "no usable question" in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == ""
+
+
 def test_a_search_only_config_keeps_the_workspace_embedding(tmp_path):
     ws = tmp_path / "ws"
     config = tmp_path / "small.yaml"

@@ -105,9 +105,6 @@ def read_questions(path: Path) -> tuple[list[Question], list[str]]:
         questions, problems = read_jsonl(Path(path))
     except QuestionFileError as err:
         raise AblationInputError(str(err)) from None
-    if not questions:
-        raise AblationInputError(f"question file {path} holds no usable question"
-                                 + (f" ({len(problems)} malformed line(s))" if problems else ""))
     return questions, problems
 
 

@@ -27,7 +27,8 @@ class QuestionFileError(ValueError):
 
 
 def read_jsonl(path: Path) -> tuple[list[Question], list[str]]:
-    """Questions of a JSONL file, and one warning per malformed line (which is skipped)."""
+    """Questions of a JSONL file, and one warning per malformed line (which is skipped); a file
+    without a single usable question is an error."""
     questions, problems = [], []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -50,6 +51,9 @@ def read_jsonl(path: Path) -> tuple[list[Question], list[str]]:
             problems.append(f"{path}:{number}: skipped malformed line ({type(err).__name__}: {err})")
             continue
         questions.append(Question(text, [str(a) for a in answers], support, number))
+    if not questions:
+        raise QuestionFileError(f"question file {path} holds no usable question"
+                                + (f" ({len(problems)} malformed line(s))" if problems else ""))
     return questions, problems
 
 
