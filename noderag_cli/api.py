@@ -12,7 +12,6 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
 import yaml
 
 from .config import Config, SearchConfig, load_config
@@ -21,6 +20,7 @@ from .engines.base import Engine
 from .engines.offline import OfflineEngine
 from .evaluate.datasets import Question, QuestionFileError, read_jsonl
 from .graph import NODE_TYPES
+from .index import assemble
 from .index.chunk import check_input_folder, document_chunks, scan
 from .index.decompose import cache_key
 from .index.pipeline import (
@@ -28,30 +28,42 @@ from .index.pipeline import (
     IndexResult,
     Reporter,
     compare_documents,
+    decide,
     engine_settings,
     indexed_state,
     run_pipeline,
+    scan_digest_of,
     settings_digest,
 )
-from .workspace import Workspace, WorkspaceError
+from .workspace import (
+    Cache,
+    DamagedError,
+    Generation,
+    NoBuildError,
+    Workspace,
+    WorkspaceError,
+    cache_damage,
+    repair_hint,
+    salvage_cache,
+)
 
-if TYPE_CHECKING:  # the search imports scipy (0.3 s), which indexing does not need
+if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` and `index` do not need
     from .search.retriever import Retrieval, Retriever
 
 
 def workspace_config(ws: Workspace, config_path: Path | None = None, overrides: dict | None = None) -> Config:
-    """The config a command runs with: the file given, else the workspace's own snapshot, else defaults."""
+    """The config an `index` run uses: the file given, else the workspace's own snapshot, else defaults."""
     if config_path is None and ws.config_path.is_file():
         config_path = ws.config_path
     return load_config(config_path, overrides)
 
 
-def make_engine(config: Config, ws: Workspace, embedder: Embedder) -> Engine:
+def make_engine(config: Config, cache: Cache | None, embedder: Embedder) -> Engine:
     if config.llm.engine == "litellm":
         from .engines.llm import LiteLLMEngine
 
-        return LiteLLMEngine(config.llm, ws.cache)
-    return OfflineEngine(embedder, ws.cache)
+        return LiteLLMEngine(config.llm, cache)
+    return OfflineEngine(embedder, cache)
 
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.ENOENT,
@@ -73,8 +85,9 @@ def index(
     config = config or workspace_config(ws, config_path)
     with ws.lock():
         try:
+            _salvage_damaged_cache(ws, reporter)
             embedder = Embedder(config.embedding, ws.cache)
-            engine = make_engine(config, ws, embedder)
+            engine = make_engine(config, ws.cache, embedder)
             if config.llm.engine != "offline":
                 engine.check_connection()
             return run_pipeline(ws, Path(input_folder), config, engine, embedder, reporter, stop_after)
@@ -84,16 +97,37 @@ def index(
             where = f" ({err.filename})" if err.filename else ""
             raise WorkspaceError(f"cannot write workspace {ws.root}: {err.strerror or err}{where}") from err
         except sqlite3.DatabaseError as err:
-            raise WorkspaceError(f"workspace cache {ws.root / 'cache.sqlite'} is unusable: {err}") from err
+            raise WorkspaceError(f"workspace file {ws.cache_path} is damaged ({err}); run the same `noderag index` again: "
+                                 "it keeps what SQLite can still read and rebuilds the rest") from err
         finally:
             ws.close()
 
 
+def _salvage_damaged_cache(ws: Workspace, reporter: Reporter | None) -> None:
+    """A damaged cache.sqlite: keep what SQLite can still read, keep the damaged file beside it,
+    say so, and go on (what is lost is recomputed, LLM replies included)."""
+    problem = cache_damage(ws.cache_path)
+    if problem is None:
+        return
+    kept, rows = salvage_cache(ws.cache_path)
+    message = (f"workspace file {ws.cache_path} was damaged ({problem}); kept {rows:,} readable entries, "
+               f"the damaged file is now {kept.name}")
+    ws.logger().warning(message)
+    if reporter is not None:
+        reporter.warn(message)
+
+
 class Session:
-    """An opened workspace for many questions: everything is loaded once."""
+    """An opened build for many questions: everything is opened once. The build stays readable
+    (an `index` run does not remove it) until `close`, or the end of the process."""
 
     def __init__(self, retriever: Retriever):
         self.retriever = retriever
+
+    @property
+    def generation(self) -> str:
+        """The build the answers come from ("" for a workspace of the older layout)."""
+        return self.retriever.generation.name
 
     def retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
         return self.retriever.retrieve(question, params)
@@ -102,38 +136,60 @@ class Session:
         result = self.retriever.retrieve(question, params)
         return self.retriever.answer(result) if answer else result
 
+    def close(self) -> None:
+        self.retriever.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 COMPILED_FROM_QUESTIONS = 1000
 """Questions in one process from which the search's compiled kernels pay for their ~0.7 s load
 (they save about half a millisecond per question); the CLI opens smaller batches without them."""
 
 
-def open_workspace(workspace: str | Path, config: Config | None = None, config_path: Path | None = None,
-                   overrides: dict | None = None, compiled: bool = True) -> Session:
-    """Load a workspace for search. A config file given here that names no embedding section
-    searches with the workspace's own embedding model; one that names another model is refused.
-    `compiled`: run the walk, the selection and the budget as numba kernels (search/kernels.py),
-    for long-lived sessions; the results are the same either way."""
-    ws = Workspace(Path(workspace))
-    if not ws.root.is_dir():
-        raise WorkspaceError(f"workspace not found: {ws.root}")
-    own = workspace_config(ws)
-    if config is None and config_path is not None:
-        config = load_config(config_path, overrides)
-        if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
-            config = config.model_copy(update={"embedding": own.embedding})
-    elif config is None:
-        config = workspace_config(ws, None, overrides)
+def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None,
+                 overrides: dict | None = None) -> Config:
+    """The config to search a build with: the file given (searching with the build's own embedding
+    model when it names none), else the config the build was made with."""
+    own_path = ws.config_path if generation.legacy else generation.path("config.yaml")
+    own_file = own_path if own_path.is_file() else None
+    if config_path is None:
+        return load_config(own_file, overrides)
+    own = load_config(own_file)
+    config = load_config(config_path, overrides)
+    if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
+        config = config.model_copy(update={"embedding": own.embedding})
     if _model_of(config.embedding) != _model_of(own.embedding):
         raise WorkspaceError(
             f"workspace {ws.root} was indexed with embedding {own.embedding.backend}:{own.embedding.model}; "
             "the config asks for another model"
         )
-    from .search.retriever import Retriever
+    return config
 
-    embedder = Embedder(config.embedding, None)
-    engine = make_engine(config, ws, embedder)
-    return Session(Retriever(ws, config, engine, embedder, compiled=compiled))
+
+def open_workspace(workspace: str | Path, config: Config | None = None, config_path: Path | None = None,
+                   overrides: dict | None = None, compiled: bool = True) -> Session:
+    """Open a workspace's current build for search, without writing anything to it. A config file
+    given here that names no embedding section searches with the build's own embedding model; one
+    that names another model is refused. `compiled`: run the walk, the selection and the budget as
+    numba kernels (search/kernels.py), for long-lived sessions; the results are the same either way."""
+    ws = Workspace(Path(workspace))
+    generation = ws.open_generation()
+    try:
+        if config is None:
+            config = build_config(generation, ws, config_path, overrides)
+        from .search.retriever import Retriever
+
+        embedder = Embedder(config.embedding, None)
+        engine = make_engine(config, ws.read_only_cache(), embedder)
+        return Session(Retriever(generation, config, engine, embedder, compiled=compiled))
+    except BaseException:
+        generation.close()
+        raise
 
 
 def _model_of(embedding) -> tuple:
@@ -141,7 +197,8 @@ def _model_of(embedding) -> tuple:
 
 
 def query(workspace: str | Path, question: str, answer: bool = True, config: Config | None = None) -> Retrieval:
-    return open_workspace(workspace, config, compiled=False).ask(question, answer=answer)
+    with open_workspace(workspace, config, compiled=False) as session:
+        return session.ask(question, answer=answer)
 
 
 def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
@@ -157,13 +214,13 @@ def engine_name(config: Config) -> str:
     return OfflineEngine.name
 
 
-def _decomposed(ws: Workspace, config: Config, chunks: list[tuple[str, str]]) -> set[int]:
+def _decomposed(cache: Cache | None, config: Config, chunks: list[tuple[str, str]]) -> set[int]:
     """Positions of the (title, text) chunks whose decomposition is already in the cache."""
-    if not chunks or not ws.path("cache.sqlite").is_file():
+    if not chunks or cache is None:
         return set()
     settings = engine_settings(config, engine_name(config))
     keys = [cache_key(settings, title, text) for title, text in chunks]
-    found = ws.cache.get_many("decompose", keys)
+    found = cache.get_many("decompose", keys)
     return {i for i, key in enumerate(keys) if key in found}
 
 
@@ -176,7 +233,12 @@ def _documents_status(ws: Workspace) -> list[dict]:
     - failed: a chunk's decomposition failed (reason given); the next run retries it;
     - skipped: unreadable, empty, binary... (reason given).
     """
-    documents = ws.read_table(ws.path("documents.parquet")).to_pylist()
+    latest = ws.stage_path("chunk", "documents.parquet")
+    if not latest.is_file():
+        latest = ws.legacy_path("documents.parquet")
+    if not latest.is_file():
+        return []
+    documents = ws.read_table(latest).to_pylist()
     indexed = indexed_state(ws)
     changes = compare_documents(indexed, {r["path"]: r["content_hash"] for r in documents if r["status"] == "indexed"})
     why = {p: "new" for p in changes["new"]} | {p: "changed" for p in changes["changed"]}
@@ -196,7 +258,7 @@ def _documents_status(ws: Workspace) -> list[dict]:
     if pending:
         config = workspace_config(ws)
         flat = [(r["doc_id"], title, text) for r in pending for _, title, text in chunks_of.get(r["doc_id"], [])]
-        done = _decomposed(ws, config, [(title, text) for _, title, text in flat])
+        done = _decomposed(ws.read_only_cache(), config, [(title, text) for _, title, text in flat])
         done_by_doc: dict[str, int] = {}
         for position, (doc, _, _) in enumerate(flat):
             done_by_doc[doc] = done_by_doc.get(doc, 0) + (position in done)
@@ -217,32 +279,52 @@ def _documents_status(ws: Workspace) -> list[dict]:
     return sorted(documents, key=lambda r: r["path"])
 
 
-def stats(workspace: str | Path) -> dict:
-    """Everything `noderag stats` shows, as plain data."""
+def _legacy_counts(generation: Generation) -> dict:
+    """`assemble.counts` of a build in the layout from before generations, from its tables."""
+    return assemble.counts(generation.table("nodes", ["type", "vector_row"]), generation.table("edges", ["kind", "hnsw"]))
+
+
+def stats(workspace: str | Path, verify: bool = False) -> dict:
+    """Everything `noderag stats` shows, as plain data; never writes to the workspace. With
+    `verify`, every file of the current build is checked against its recorded checksum, and the
+    cache against SQLite's own check: a mismatch raises WorkspaceError naming the file."""
     ws = Workspace(Path(workspace))
+    if not ws.root.is_dir():
+        raise WorkspaceError(f"workspace not found: {ws.root}" if not ws.root.exists()
+                             else f"{ws.root} is a file, not a workspace folder")
     if not ws.exists():
         raise WorkspaceError(f"{ws.root} is not a noderag workspace (no manifest.json)")
     manifest = ws.read_manifest()
     recorded = manifest.get("stages", {})
-    ordered = {stage: recorded[stage] for stage in STAGES if stage in recorded}
-    report: dict = {"workspace": str(ws.root), "input": manifest.get("input"), "stages": ordered,
-                    "nodes": {t: 0 for t in NODE_TYPES},
-                    "edges": {"by_kind": {}, "non_hnsw": 0, "hnsw": 0, "merged_total": 0},
+    ordered = {stage.name: recorded[stage.name] for stage in STAGES if stage.name in recorded}
+    report: dict = {"workspace": str(ws.root), "input": manifest.get("input"), "stages": ordered, "generation": None,
+                    "nodes": {}, "edges": {"by_kind": {}, "non_hnsw": 0, "hnsw": 0, "merged_total": 0},
                     "vectors": {"count": 0, "dim": manifest.get("embedding", {}).get("dim"),
                                 "model": manifest.get("embedding", {}).get("model")}}
-    if ws.path("nodes.parquet").is_file():
-        nodes = ws.read_table(ws.path("nodes.parquet"), ["type", "vector_row"])
-        counts = nodes.group_by("type").aggregate([("type", "count")]).to_pylist()
-        report["nodes"].update({row["type"]: row["type_count"] for row in counts})
-        report["vectors"]["count"] = int(pc.sum(pc.greater_equal(nodes["vector_row"], 0)).as_py() or 0)
-    if ws.path("edges.parquet").is_file():
-        edges = ws.read_table(ws.path("edges.parquet"), ["kind", "hnsw"])
-        kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
-        report["edges"]["by_kind"] = {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])}
-        report["edges"]["hnsw"] = int(pc.sum(edges["hnsw"]).as_py() or 0)
-        report["edges"]["non_hnsw"] = int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0)
-        report["edges"]["merged_total"] = edges.num_rows
-    documents = _documents_status(ws) if ws.path("documents.parquet").is_file() else []
+    try:
+        generation = ws.open_generation()
+    except NoBuildError:
+        generation = None
+    if generation is not None:
+        with generation:
+            built = _legacy_counts(generation) if generation.legacy else generation.manifest["counts"]
+            report["generation"] = generation.name or "(older layout: the next `noderag index` moves it)"
+            report["nodes"], report["edges"] = dict(built["nodes"]), built["edges"]
+            report["vectors"]["count"] = built["vectors"]
+            if verify:
+                problems = generation.verify()
+                if problems:
+                    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                    raise DamagedError(f"workspace file {problems[0]}{more}; "
+                                       + repair_hint(ws.root, manifest.get("input")))
+                report["verified"] = {"generation": generation.name, "files": len(generation.manifest.get("files", {}))}
+    if verify:
+        problem = cache_damage(ws.cache_path)
+        if problem:
+            raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem}); "
+                               "`noderag index` keeps what is readable and rebuilds the rest")
+    report["nodes"] = {t: report["nodes"].get(t, 0) for t in NODE_TYPES}
+    documents = _documents_status(ws)
     by_status: dict[str, int] = {}
     for row in documents:
         by_status[row["status"]] = by_status.get(row["status"], 0) + 1
@@ -255,13 +337,15 @@ def stats(workspace: str | Path) -> dict:
     report["llm"] = llm_totals
     report["files"] = {p.relative_to(ws.root).as_posix(): p.stat().st_size
                        for p in sorted(ws.root.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+    ws.close()
     return report
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
-    unchanged since the last complete build; chunks still to decompose; each stage's fate; and with
-    an LLM engine, the estimated calls, tokens and cost."""
+    unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
+    pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
+    and cost."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
     config = workspace_config(ws, config_path) if ws.root.is_dir() else load_config(config_path)
@@ -271,30 +355,20 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     counts = {k: len(v) for k, v in changes.items()} | {"skipped": len(files) - len(readable)}
     touched = set(changes["new"]) | set(changes["changed"]) | {p.split(" -> ")[1] for p in changes["renamed"]}
     fresh = [f for f in readable if f.path in touched]
-    cache = ws.cache if ws.path("cache.sqlite").is_file() else None
+    cache = ws.read_only_cache()
     pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens, cache, store=False)
     new_chunks = [(title, text) for title, chunks in pieces for text, _, _ in chunks]
-    to_decompose = len(new_chunks) - len(_decomposed(ws, config, new_chunks))
+    to_decompose = len(new_chunks) - len(_decomposed(cache, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
     name = engine_name(config)
+    scan_digest = scan_digest_of(files)
     stages: dict[str, str] = {}
-    upstream_runs = False
+    digests: dict[str, str | None] = {}
     for stage in STAGES:
-        entry = manifest["stages"].get(stage, {})
-        if entry.get("state") != "done":
-            action = "run (interrupted before)" if entry.get("state") == "running" else "run"
-        elif entry.get("settings") != settings_digest(config, name, stage):
-            action = "re-run: its settings changed"
-        elif entry.get("failures"):
-            action = f"re-run: retry {entry['failures']} failed item(s)"
-        elif stage == "chunk" and (counts["new"] or counts["changed"] or counts["renamed"] or counts["deleted"]):
-            action = "re-run: documents changed"
-        elif upstream_runs:
-            action = "re-run if its inputs changed (cached work reused)"
-        else:
-            action = "skip (unchanged)"
-        upstream_runs = upstream_runs or not action.startswith("skip")
-        stages[stage] = action
+        entry = manifest["stages"].get(stage.name, {})
+        decision = decide(ws, stage, entry, settings_digest(config, name, stage), digests, scan_digest)
+        digests[stage.name] = None if decision.run else entry["outputs"]
+        stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
               "changes": {k: v for k, v in changes.items() if k != "unchanged"},
               "skipped": [{"path": f.path, "reason": f.reason} for f in files if f.reason],
@@ -304,8 +378,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
         from .estimate import estimate_llm
 
         result["llm"] = estimate_llm(ws, Path(input_folder), config)
-    if cache is not None:
-        ws.close()
+    ws.close()
     return result
 
 

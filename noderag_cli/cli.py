@@ -239,9 +239,11 @@ def stats(
     workspace: Annotated[Path, typer.Argument(help="a workspace folder")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     documents: Annotated[bool, typer.Option("--documents", help="list every document with its status")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="check every file of the current build against its "
+                                                           "recorded checksum, and the cache; exit 3 if one differs")] = False,
 ) -> None:
-    """What WORKSPACE holds: nodes per type, edges per kind, vectors, files, stages, LLM usage."""
-    report = _run(lambda: api.stats(workspace))
+    """What WORKSPACE holds: nodes per type, edges per kind, vectors, files, stages, LLM usage. Never writes to it."""
+    report = _run(lambda: api.stats(workspace, verify=verify))
     if as_json:
         out.print(json.dumps(report, indent=2), highlight=False)
         return
@@ -261,6 +263,10 @@ def stats(
     out.print(edges)
     out.print(f"vectors: {report['vectors']['count']} of dimension {report['vectors']['dim']} "
               f"({report['vectors']['model']})")
+    out.print(f"current build: {report['generation'] or 'none yet'}")
+    if "verified" in report:
+        out.print(f"verified: {report['verified']['files']} files of {report['verified']['generation']}, "
+                  "every checksum matches")
     stages = Table(title="stages")
     for column in ("stage", "state", "seconds", "LLM calls", "cache hits", "failures", "in tokens", "out tokens", "cost $",
                    "new vectors"):

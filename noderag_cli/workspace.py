@@ -1,58 +1,101 @@
-"""The workspace folder: paths, manifest, lock, atomic table I/O and the call cache.
+"""The workspace store: the one module that knows the folder's layout and names its files.
 
-Layout (every file written atomically: temporary file, fsync, rename):
-
-    config.yaml        effective config (env var names only, never secrets)
-    manifest.json      embedding model and dim; input folder; per stage: state (running|done),
-                       fingerprint (settings + upstream output digests), settings digest, outputs
-                       digest, seconds, LLM usage, vectors computed, stage counts
-    documents.parquet  one row per input file of the latest scan (see `index.chunk.DOCUMENT_SCHEMA`)
-    nodes.parquet      the heterograph's nodes (see `graph.NODE_SCHEMA`)
-    edges.parquet      its edges (see `graph.EDGE_SCHEMA`)
-    vectors.faiss      HNSW index; row i is the node whose `vector_row` is i
-    stages/            each stage's committed outputs; `similarity.documents.parquet` is the
-                       documents table the final tables were built from (the last complete build)
-    cache.sqlite       content-addressed cache: chunking per document content ("chunks"),
-                       decomposition per chunk ("decompose"), token counts ("tokens"), vectors
-                       ("embedding"), LLM calls ("llm"); entries are never stale, only unused
+    config.yaml        the config of the latest `index` run (env var names only, never secrets)
+    manifest.json      embedding model; input folder; per stage: state (running|done), fingerprint
+                       (settings + upstream output digests), settings digest, outputs digest,
+                       seconds, LLM usage, vectors computed, stage counts
+    stages/            each stage's committed outputs, `<stage>.<name>`; `chunk.documents.parquet`
+                       is the latest scan (see `index.chunk.DOCUMENT_SCHEMA`)
+    CURRENT            the name of the current generation: the last complete build
+    generations/<g>/   one complete, immutable build: the node, edge and document tables, the
+                       vectors, the config it was built with, and every structure the search reads
+                       (`search/prepare.py`), memory-mappable; its manifest.json records each file's
+                       size and checksum. `.readers` is flocked shared by every process reading it.
+    cache.sqlite       content-addressed cache: chunking ("chunks"), decompositions ("decompose"),
+                       token counts ("tokens"), vectors ("embedding"), LLM calls ("llm"), offline
+                       summaries ("offline"); entries are never stale, only unused
     noderag.log        what each run did
     .lock              held (flock) by the one `index` run allowed at a time; the kernel
                        releases it when the process dies, however it dies
 
-A stage is marked done in the manifest only after all its outputs are written, so a
-killed run leaves at most a stage marked running, which the next run re-runs. The final
-tables (nodes, edges, vectors) are replaced only by the last stage, so queries keep
-seeing the previous complete build while an update runs.
+Every file is written atomically (temporary file, fsync, rename). A build becomes visible by
+one atomic rename of CURRENT, after its generation is complete on disk, so a reader sees the
+old build or the new one, never a mixture; a reader resolves CURRENT once, when it opens.
+Old generations are removed by the next `index`, except those a reader still holds.
+
+A workspace written before generations existed keeps its final tables at the top level
+(nodes.parquet, edges.parquet, vectors.faiss, documents.parquet); it is read as it is, and the
+next `index` moves it to this layout without redoing any stage's work.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT_VERSION = 1
+GENERATION_FORMAT = 1
+CACHE_FILE = "cache.sqlite"
+CURRENT_FILE = "CURRENT"
+GENERATIONS_DIR = "generations"
+READERS_FILE = ".readers"
+LEGACY_FINAL = ("nodes.parquet", "edges.parquet", "vectors.faiss", "documents.parquet",
+                "stages/similarity.documents.parquet")
 
 
 class WorkspaceError(RuntimeError):
-    """A workspace that cannot be used as asked (locked, not indexed, wrong model...)."""
+    """A workspace that cannot be used as asked (locked, not indexed, damaged, wrong model...)."""
+
+
+class NoBuildError(WorkspaceError):
+    """A workspace with no complete build to read yet."""
+
+
+class DamagedError(WorkspaceError):
+    """A workspace file that is missing, truncated or altered; the message names it and the repair."""
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()  # what open() would give: other users may read a workspace the umask lets them
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -69,12 +112,34 @@ FEW_VALUES = frozenset({"type", "kind", "status", "stage", "reason"})
 encoder's attempt only costs time (writing the neighbour lists took twice as long with it)."""
 
 
-def write_parquet(path: Path, table: pa.Table) -> None:
+def parquet_bytes(table: pa.Table) -> bytes:
     """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
                    use_dictionary=[name for name in table.column_names if name in FEW_VALUES])
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    return sink.getvalue().to_pybytes()
+
+
+def write_parquet(path: Path, table: pa.Table) -> None:
+    atomic_write_bytes(path, parquet_bytes(table))
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def bytes_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def file_digest(path: Path) -> str:
@@ -89,15 +154,31 @@ def json_digest(obj) -> str:
     return hashlib.blake2b(json.dumps(obj, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
+def damaged(path: Path, ws_root: Path, detail: str, repair: str) -> DamagedError:
+    """The one-line message for a damaged workspace file: which file, what is wrong, what repairs it."""
+    try:
+        shown = path.relative_to(ws_root).as_posix()
+    except ValueError:
+        shown = str(path)
+    return DamagedError(f"workspace file {ws_root / shown} is damaged ({detail}); {repair}")
+
+
 class Cache:
     """Content-addressed key/value store in SQLite, one table, namespaced keys.
 
-    Written as results arrive (each `put_many` commits), so a killed run re-pays nothing.
+    Written as results arrive (each `put_many` commits), so a killed run re-pays nothing. A
+    read-only cache (`read_only=True`: opened immutable, puts dropped) serves the commands that
+    never write to a workspace.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
         self.path = path
+        self.read_only = read_only
         self._lock = threading.Lock()
+        if read_only:
+            self._db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False,
+                                       isolation_level=None)
+            return
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -119,7 +200,7 @@ class Cache:
 
     def put_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
         rows = [(ns, key, value) for key, value in items]
-        if not rows:
+        if not rows or self.read_only:
             return
         with self._lock:
             self._db.execute("BEGIN")
@@ -138,14 +219,223 @@ class Cache:
             self._db.close()
 
 
+def cache_damage(path: Path) -> str | None:
+    """Why the cache file cannot be trusted, or None. Cheap: the header and the page count
+    (a truncated file is shorter than its pages), then SQLite's own quick check of the b-trees'
+    structure, which reads each page once."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None  # SQLite takes an empty file as a new database
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(100)
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+            return "not an SQLite database"
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        wal = Path(f"{path}-wal")
+        if pages and size < pages * page_size and not (wal.is_file() and wal.stat().st_size):
+            return f"truncated: {size:,} bytes of {pages * page_size:,}"
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        finally:
+            db.close()
+        return None if verdict == "ok" else verdict
+    except sqlite3.DatabaseError as err:
+        return str(err)
+
+
+def salvage_cache(path: Path) -> tuple[Path, int]:
+    """Copy every row SQLite can still read from a damaged cache into a new one, keep the damaged
+    file beside it as `cache.sqlite.damaged-<time>`, and put the new one in its place. Rows are
+    read by rowid ranges, halving a range that fails, so one bad page costs only its rows."""
+    kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    fresh = path.with_name(f".{path.name}.salvage")
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    target = Cache(fresh)
+    rows = 0
+    try:
+        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            last = source.execute("SELECT max(rowid) FROM kv").fetchone()[0] or 0
+        except sqlite3.DatabaseError:
+            last = 1 << 24
+        pending = [(1, last)]
+        while pending:
+            low, high = pending.pop()
+            try:
+                found = source.execute("SELECT ns, key, value FROM kv WHERE rowid BETWEEN ? AND ?",
+                                       (low, high)).fetchall()
+            except sqlite3.DatabaseError:
+                if high > low:
+                    middle = (low + high) // 2
+                    pending += [(middle + 1, high), (low, middle)]
+                continue
+            for ns in {r[0] for r in found}:
+                target.put_many(ns, [(k, v) for n, k, v in found if n == ns])
+            rows += len(found)
+        source.close()
+    except sqlite3.DatabaseError:
+        pass  # not even the schema could be read: the new cache starts empty
+    target.close()
+    os.replace(path, kept)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(f"{path}{suffix}", f"{kept}{suffix}")
+    os.replace(fresh, path)
+    return kept, rows
+
+
+@dataclass
+class Generation:
+    """One build opened for reading: its folder, its manifest, and the shared lock that keeps
+    `index` from removing it while this process reads it. Files are named by the store:
+    `table(name)` reads `<name>.parquet`, `array(name)` maps `<name>.npy`, `arrow(name)` maps
+    `<name>.arrow`, `path(name)` is any other file."""
+
+    ws_root: Path
+    name: str  # "" for a workspace in the layout from before generations
+    folder: Path
+    manifest: dict
+    _lock_fd: int | None = None
+
+    @property
+    def legacy(self) -> bool:
+        return not self.name
+
+    @property
+    def meta(self) -> dict:
+        """What the search needs to know beside the arrays (`search/prepare.py`)."""
+        return self.manifest.get("query", {})
+
+    def path(self, file: str) -> Path:
+        return self.folder / file
+
+    def _damaged(self, file: str, detail: str) -> WorkspaceError:
+        return damaged(self.path(file), self.ws_root, detail, repair_hint(self.ws_root, self.manifest.get("input")))
+
+    def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        file = f"{name}.parquet"
+        try:
+            return pq.read_table(self.path(file), columns=columns)
+        except FileNotFoundError:
+            raise self._damaged(file, "missing") from None
+        except (OSError, pa.ArrowException, ValueError) as err:
+            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+
+    def array(self, name: str) -> np.ndarray:
+        file = f"{name}.npy"
+        try:
+            # copy-on-write: writeable arrays (as the kernels are compiled for) that share the file's pages
+            return np.load(self.path(file), mmap_mode="c", allow_pickle=False)
+        except FileNotFoundError:
+            raise self._damaged(file, "missing") from None
+        except (OSError, ValueError) as err:
+            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+
+    def arrow(self, name: str) -> pa.Table:
+        file = f"{name}.arrow"
+        try:
+            return pa.ipc.open_file(pa.memory_map(str(self.path(file)))).read_all()
+        except FileNotFoundError:
+            raise self._damaged(file, "missing") from None
+        except (OSError, pa.ArrowException, ValueError) as err:
+            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+
+    def check_sizes(self) -> None:
+        """Every file the manifest lists is there with its recorded size: a stat per file."""
+        for file, info in self.manifest.get("files", {}).items():
+            try:
+                size = self.path(file).stat().st_size
+            except FileNotFoundError:
+                raise self._damaged(file, "missing") from None
+            if size != info["bytes"]:
+                raise self._damaged(file, f"{size:,} bytes, expected {info['bytes']:,}")
+
+    def verify(self) -> list[str]:
+        """One line per file whose checksum differs from the manifest's (or that is missing)."""
+        problems = []
+        for file, info in sorted(self.manifest.get("files", {}).items()):
+            path = self.path(file)
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif path.stat().st_size != info["bytes"]:
+                problems.append(f"{path}: {path.stat().st_size:,} bytes, expected {info['bytes']:,}")
+            elif file_digest(path) != info["blake2b"]:
+                problems.append(f"{path}: checksum differs from the manifest's")
+        return problems
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def repair_hint(root: Path, input_folder: str | None) -> str:
+    folder = input_folder or "FOLDER"
+    return f"`noderag index {root} --input {folder}` repairs it (finished work is reused)"
+
+
+class GenerationWriter:
+    """Writes a new generation's files, each atomically, recording size and checksum; `commit`
+    writes its manifest last. Nothing reads it until `Workspace.publish` names it in CURRENT."""
+
+    def __init__(self, ws: Workspace, name: str):
+        self.ws, self.name = ws, name
+        self.folder = ws.generation_dir(name)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / READERS_FILE).touch()
+        self.files: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    def _write(self, file: str, data: bytes) -> None:
+        atomic_write_bytes(self.folder / file, data)
+        with self._lock:
+            self.files[file] = {"bytes": len(data), "blake2b": bytes_digest(data)}
+
+    def table(self, name: str, table: pa.Table) -> None:
+        self._write(f"{name}.parquet", parquet_bytes(table))
+
+    def array(self, name: str, array: np.ndarray) -> None:
+        self._write(f"{name}.npy", npy_bytes(array))
+
+    def arrow(self, name: str, table: pa.Table) -> None:
+        self._write(f"{name}.arrow", arrow_bytes(table))
+
+    def raw(self, file: str, data: bytes) -> None:
+        self._write(file, data)
+
+    def commit(self, meta: dict) -> str:
+        """Write the manifest (the files' sizes and checksums, and `meta`); returns the digest that
+        identifies this build's contents."""
+        contents = json_digest(self.files)
+        manifest = {"format": GENERATION_FORMAT, "name": self.name, "contents": contents, "files": self.files, **meta}
+        atomic_write_bytes(self.folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        _fsync_dir(self.folder)
+        return contents
+
+
 class Workspace:
-    """A workspace folder. Opening one never writes to it; `create` and `lock` do."""
+    """A workspace folder. Opening one never writes to it; `create`, `lock` and indexing do."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self._cache: Cache | None = None
 
-    # paths ---------------------------------------------------------------
+    # names ---------------------------------------------------------------
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"
@@ -162,11 +452,23 @@ class Workspace:
     def log_path(self) -> Path:
         return self.root / "noderag.log"
 
-    def path(self, name: str) -> Path:
-        return self.root / name
+    @property
+    def cache_path(self) -> Path:
+        return self.root / CACHE_FILE
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / ".lock"
 
     def stage_path(self, stage: str, name: str) -> Path:
         return self.stages_dir / f"{stage}.{name}"
+
+    def generation_dir(self, name: str) -> Path:
+        return self.root / GENERATIONS_DIR / name
+
+    def legacy_path(self, name: str) -> Path:
+        """A final table of the layout from before generations (read only, then removed)."""
+        return self.root / name
 
     # lifecycle -------------------------------------------------------------
     def check_usable(self) -> None:
@@ -185,12 +487,26 @@ class Workspace:
     def exists(self) -> bool:
         return self.manifest_path.is_file()
 
+    def indexing_now(self) -> bool:
+        """Whether an `index` run holds the lock at this moment (asked without writing anything)."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive for one indexing run. flock dies with its process, so a crash never leaves it stuck."""
         self.create()
         try:
-            handle = open(self.root / ".lock", "a+")
+            handle = open(self.lock_path, "a+")
         except OSError as err:
             raise WorkspaceError(f"cannot lock workspace {self.root}: {err.strerror}") from err
         try:
@@ -221,7 +537,7 @@ class Workspace:
             manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise WorkspaceError(
-                f"workspace manifest {self.manifest_path} is corrupt ({err}); remove it and run `noderag index` "
+                f"workspace file {self.manifest_path} is damaged ({err}); remove it and run `noderag index` "
                 "to rebuild the tables (cached work is reused)"
             ) from err
         if manifest.get("format_version") != FORMAT_VERSION:
@@ -233,21 +549,181 @@ class Workspace:
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True).encode())
 
-    # tables ----------------------------------------------------------------
-    def write_table(self, path: Path, table: pa.Table) -> None:
-        write_parquet(path, table)
-
+    # stage tables ----------------------------------------------------------------
     def read_table(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         if not path.is_file():
             raise WorkspaceError(f"workspace {self.root} is missing {path.relative_to(self.root)}; run `noderag index` again")
-        return pq.read_table(path, columns=columns)
+        try:
+            return pq.read_table(path, columns=columns)
+        except (OSError, pa.ArrowException) as err:
+            raise damaged(path, self.root, f"unreadable: {str(err).splitlines()[0][:120]}",
+                          repair_hint(self.root, self.read_manifest().get("input"))) from None
+
+    # generations -------------------------------------------------------------
+    def current_name(self) -> str | None:
+        """The generation CURRENT names, or None when there is none (or CURRENT is unreadable)."""
+        try:
+            name = (self.root / CURRENT_FILE).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return name if name and name.isalnum() and (self.generation_dir(name) / "manifest.json").is_file() else None
+
+    def _current_problem(self) -> str | None:
+        """Why CURRENT is present but names no readable generation."""
+        path = self.root / CURRENT_FILE
+        if not path.exists():
+            return None
+        try:
+            name = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return "unreadable"
+        if not name or not name.isalnum():
+            return "it names no generation"
+        if not (self.generation_dir(name) / "manifest.json").is_file():
+            return f"it names {name}, whose manifest is missing"
+        return None
+
+    def new_generation(self) -> GenerationWriter:
+        folder = self.root / GENERATIONS_DIR
+        taken = [int(p.name[1:]) for p in folder.glob("g*") if p.name[1:].isdigit()] if folder.is_dir() else []
+        return GenerationWriter(self, f"g{max(taken, default=0) + 1:06d}")
+
+    def publish(self, name: str) -> None:
+        """Make generation `name` current: one atomic rename, then the folder is synced."""
+        atomic_write_bytes(self.root / CURRENT_FILE, f"{name}\n".encode())
+        _fsync_dir(self.root)
+
+    def remove_unused_generations(self) -> list[str]:
+        """Remove every generation but the current one that no reader holds; returns the names
+        removed. A held one stays until a later run. Caller holds the workspace lock."""
+        folder = self.root / GENERATIONS_DIR
+        if not folder.is_dir():
+            return []
+        current, removed = self.current_name(), []
+        for path in sorted(folder.iterdir()):
+            if path.name == current or not path.is_dir():
+                continue
+            try:
+                fd = os.open(path / READERS_FILE, os.O_RDONLY)
+            except FileNotFoundError:
+                fd = None
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with contextlib.suppress(FileNotFoundError):
+                    (path / "manifest.json").unlink()  # a late reader sees it gone, and re-resolves
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return removed
+
+    def remove_legacy_final(self) -> None:
+        """The top-level final tables of the layout from before generations, once a generation
+        holds the build (a reader that has them open keeps reading them)."""
+        for name in LEGACY_FINAL:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / name).unlink()
+
+    def has_legacy_build(self) -> bool:
+        manifest = self.read_manifest() if self.exists() else {}
+        return (manifest.get("stages", {}).get("similarity", {}).get("state") == "done"
+                and all((self.root / n).is_file() for n in LEGACY_FINAL[:4]))
+
+    def open_generation(self) -> Generation:
+        """The current build, held against removal until `close`. Never writes: a read-only
+        workspace opens the same way. Raises WorkspaceError (one line) when there is no
+        complete build, or when a file of it is missing or has the wrong size."""
+        if not self.root.is_dir():
+            raise WorkspaceError(f"workspace not found: {self.root}" if not self.root.exists()
+                                 else f"{self.root} is a file, not a workspace folder")
+        for _ in range(200):  # a generation removed between reading CURRENT and locking it: resolve again
+            name = self.current_name()
+            if name is None:
+                return self._no_generation()
+            folder = self.generation_dir(name)
+            try:
+                fd = os.open(folder / READERS_FILE, os.O_RDONLY)
+            except FileNotFoundError:
+                time.sleep(0.01)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):  # being removed right now
+                    time.sleep(0.01)
+                    continue
+                fd = None  # a file system without flock: read without the hold
+            try:
+                manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                if fd is not None:
+                    os.close(fd)
+                time.sleep(0.01)
+                continue
+            except (OSError, ValueError) as err:
+                if fd is not None:
+                    os.close(fd)
+                raise damaged(folder / "manifest.json", self.root, f"unreadable: {err}",
+                              repair_hint(self.root, self._input())) from None
+            manifest.setdefault("input", self._input())
+            generation = Generation(self.root, name, folder, manifest, fd)
+            try:
+                generation.check_sizes()
+            except WorkspaceError:
+                generation.close()
+                raise
+            return generation
+        raise WorkspaceError(f"workspace {self.root}: could not hold its current build; try again")
+
+    def _input(self) -> str | None:
+        try:
+            return self.read_manifest().get("input")
+        except WorkspaceError:
+            return None
+
+    def _no_generation(self) -> Generation:
+        problem = self._current_problem()
+        if problem:
+            raise damaged(self.root / CURRENT_FILE, self.root, problem, repair_hint(self.root, self._input()))
+        if self.has_legacy_build():
+            manifest = self.read_manifest()
+            return Generation(self.root, "", self.root, {"embedding": manifest.get("embedding", {}),
+                                                         "input": manifest.get("input")})
+        if not self.exists():
+            raise NoBuildError(f"{self.root} is not a noderag workspace; run `noderag index {self.root} --input FOLDER` "
+                               "to build one")
+        if self.indexing_now():
+            raise NoBuildError(f"workspace {self.root} is being indexed for the first time; it can be queried "
+                               "as soon as that run finishes")
+        raise NoBuildError(f"indexing of {self.root} did not finish; run `noderag index {self.root} --input "
+                           f"{self._input() or 'FOLDER'}` to complete it")
 
     # cache -----------------------------------------------------------------
     @property
     def cache(self) -> Cache:
-        if self._cache is None:
+        """The read-write cache, for indexing (creates the workspace)."""
+        if self._cache is None or self._cache.read_only:
+            self.close()
             self.create()
-            self._cache = Cache(self.root / "cache.sqlite")
+            self._cache = Cache(self.cache_path)
+        return self._cache
+
+    def read_only_cache(self) -> Cache | None:
+        """The cache for commands that never write (query, stats, dry-run); None when absent."""
+        if self._cache is not None:
+            return self._cache
+        if not self.cache_path.is_file():
+            return None
+        try:
+            self._cache = Cache(self.cache_path, read_only=True)
+        except sqlite3.DatabaseError:
+            return None
         return self._cache
 
     def close(self) -> None:

@@ -1,20 +1,24 @@
 """Runs the indexing stages in order, each checkpointed in the manifest.
 
-A stage is skipped when its fingerprint (its settings, the engine, and the digests of
-the upstream outputs it reads) matches the last committed run, its outputs are on disk
-with the digest recorded, and it left no failed items; otherwise it runs, commits its
-outputs atomically, and only then is marked done. Since every stage is a pure function
-of its inputs (caches only save work: chunking, decompositions, token counts and vectors
-are looked up by content), an interrupted, resumed or incremental run yields the same
-tables as a fresh build of the same folder. Graph-wide steps (betweenness, Leiden,
-K-means) always run on the whole updated graph; similarity edges reuse the neighbour lists
-a change does not touch (see similarity_edges).
+Each stage is one `Stage` record in `STAGES`: its name, the stages whose outputs it reads, the
+config sections its output depends on, the engine task it spends, its output files and its
+function. A stage is skipped when its fingerprint (its settings, the engine, and the digests of
+the upstream outputs it reads) matches the last committed run, its outputs are on disk with the
+digest recorded, and it left no failed items (`decide`, which `index --dry-run` asks too);
+otherwise it runs, commits its outputs atomically, and only then is marked done. Since every
+stage is a pure function of its inputs (caches only save work: chunking, decompositions, token
+counts and vectors are looked up by content), an interrupted, resumed or incremental run yields
+the same tables as a fresh build of the same folder. Graph-wide steps (betweenness, Leiden,
+K-means) always run on the whole updated graph; similarity edges reuse the neighbour lists a
+change does not touch (see similarity_edges). The last stage, `assemble`, writes the build as a
+new generation and makes it current (index/assemble.py).
 
 Test hook (documented here because it is not a feature): when the environment variable
-`NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>` or `<stage>:commit`, the run
-SIGKILLs itself when that stage starts, after it reported n finished items, or after it
-wrote its outputs but before the manifest records it done. Tests use it to crash a real
-`noderag index` process at a chosen point.
+`NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>`, `<stage>:commit` or `assemble:publish`,
+the run SIGKILLs itself when that stage starts, after it reported n finished items, after it
+wrote its outputs but before the manifest records it done, or (assemble) after the new
+generation is complete but before CURRENT names it. Tests use it to crash a real `noderag index`
+process at a chosen point.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,33 +43,11 @@ from .. import nlp
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, edge_rows, merge_edges
+from ..graph import edge_rows, merge_edges
 from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, json_digest, write_parquet
-from . import attributes, chunk, communities, decompose, embed, similarity_edges, text
+from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
-STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
 STAGE_VERSION = 4  # 4: betweenness pivots drawn by hashed id; a workspace of 3 re-derives its tables
-
-# config sections (plus "engine") each stage's output depends on
-STAGE_SETTINGS = {
-    "chunk": ["chunk"],
-    "decompose": ["engine"],
-    "attributes": ["engine", "graph"],
-    "communities": ["engine", "graph", "embedding"],
-    "text": [],
-    "embed": ["embedding"],
-    "similarity": ["embedding", "similarity"],
-}
-UPSTREAM = {
-    "chunk": [],
-    "decompose": ["chunk"],
-    "attributes": ["decompose"],
-    "communities": ["decompose", "attributes"],
-    "text": ["chunk", "decompose"],
-    "embed": ["decompose", "attributes", "communities", "text"],
-    "similarity": ["chunk", "decompose", "attributes", "communities", "text", "embed"],
-}
-ENGINE_TASK = {"decompose": "decompose", "attributes": "attributes", "communities": "community_elements"}
 KILL_ENV = "NODERAG_TEST_KILL_AT"
 
 
@@ -90,29 +72,47 @@ class IndexResult:
     failures: int = 0
     seconds: float = 0.0
     documents: dict[str, int] = field(default_factory=dict)  # new/changed/renamed/deleted/unchanged vs. last build
+    generation: str | None = None  # the build now current
 
 
-def stage_outputs(ws: Workspace, stage: str) -> list[Path]:
-    if stage == "chunk":
-        return [ws.path("documents.parquet"), ws.stage_path("chunk", "chunks.parquet")]
-    if stage == "decompose":
-        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "failures.parquet",
-                                                  "occurrences.parquet", "links.parquet")]
-    if stage == "attributes":
-        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "failures.parquet")]
-    if stage == "communities":
-        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")]
-    if stage == "text":
-        return [ws.stage_path(stage, n) for n in ("nodes.parquet", "edges.parquet")]
-    if stage == "embed":
-        return [ws.stage_path(stage, n) for n in ("ids.parquet", "vectors.npy")]
-    return [ws.path("nodes.parquet"), ws.path("edges.parquet"), ws.path("vectors.faiss"),
-            ws.stage_path("similarity", "documents.parquet"), ws.stage_path("similarity", "neighbours.parquet")]
+@dataclass
+class StageRun:
+    """What a stage's function gets: the workspace, the run's inputs and helpers for its files."""
+
+    stage: Stage
+    ws: Workspace
+    files: list
+    config: Config
+    engine: Engine
+    embedder: Embedder
+    reporter: Reporter
+    counter: TokenCounter
+
+    def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
+        return self.ws.read_table(self.ws.stage_path(stage, name), columns)
+
+    def path(self, name: str) -> Path:
+        assert name in self.stage.outputs, f"{self.stage.name} declares no output {name}"
+        return self.ws.stage_path(self.stage.name, name)
+
+    def write(self, name: str, table: pa.Table) -> None:
+        write_parquet(self.path(name), table)
+
+    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
+        self.write("nodes.parquet", nodes)
+        self.write("edges.parquet", edges)
+        self.write("failures.parquet", _failures_table(self.stage.name, failures))
 
 
-def indexed_documents_path(ws: Workspace) -> Path:
-    """The documents table of the last complete build: what nodes.parquet was built from."""
-    return ws.stage_path("similarity", "documents.parquet")
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[StageRun], dict]
+    upstream: tuple[str, ...] = ()  # stages whose outputs it reads
+    settings: tuple[str, ...] = ()  # config sections its output depends on; "engine": the engine's identity
+    task: str | None = None  # the engine task whose usage is accounted to it
+    outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead)
+    reads_input: bool = False  # its fingerprint includes the scan of the input folder
 
 
 def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
@@ -127,20 +127,157 @@ def _write_npy(path: Path, array: np.ndarray) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+# the stages' functions, in pipeline order -------------------------------------------------
+def _chunk(run: StageRun) -> dict:
+    run.reporter.stage_started(run.stage.name, None)
+    documents, chunks = chunk.run(run.files, run.config.chunk.chunk_tokens, run.config.chunk.overlap_tokens, run.ws.cache)
+    run.write("documents.parquet", documents)
+    run.write("chunks.parquet", chunks)
+    return {"documents": documents.num_rows, "chunks": chunks.num_rows}
+
+
+def _decompose(run: StageRun) -> dict:
+    chunks = run.read("chunk", "chunks.parquet")
+    run.reporter.stage_started(run.stage.name, chunks.num_rows)
+    rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
+    occurrences, links, failures, work = decompose.decompose_chunks(
+        chunks, run.engine, run.ws.cache, run.reporter.advance, engine_settings(run.config, run.engine.name),
+        decompose.read_rows(*rows_paths), run.counter,
+    )
+    nodes, edges = decompose.build_graph(occurrences, links)
+    # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
+    run.embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
+    run.commit_graph(nodes, edges, failures)
+    for path, table in zip(rows_paths, (occurrences, links), strict=True):
+        write_parquet(path, decompose.with_version(table))
+    return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
+
+
+def _attributes(run: StageRun) -> dict:
+    g = run.config.graph
+    nodes, edges = run.read("decompose", "nodes.parquet"), run.read("decompose", "edges.parquet")
+    run.reporter.stage_started(run.stage.name, None)
+    new_nodes, new_edges, failures = attributes.run(
+        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, run.reporter.advance, run.counter
+    )
+    run.embedder.embed(new_nodes["text"].to_pylist())
+    run.commit_graph(new_nodes, new_edges, failures)
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
+
+
+def _communities(run: StageRun) -> dict:
+    g = run.config.graph
+    nodes = pa.concat_tables([run.read("decompose", "nodes.parquet"), run.read("attributes", "nodes.parquet")])
+    edges = merge_edges([run.read("decompose", "edges.parquet"), run.read("attributes", "edges.parquet")])
+    run.reporter.stage_started(run.stage.name, None)
+    new_nodes, new_edges, assignments, failures = communities.run(
+        nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
+        run.reporter.advance, run.counter,
+    )
+    run.commit_graph(new_nodes, new_edges, failures)
+    run.write("assignments.parquet", assignments.sort_by("id"))
+    n_communities = len(set(assignments["community"].to_pylist()) - {-1})
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities,
+            "failures": len(failures)}
+
+
+def _text(run: StageRun) -> dict:
+    run.reporter.stage_started(run.stage.name, None)
+    nodes, edges = text.run(run.read("chunk", "chunks.parquet"), run.read("decompose", "nodes.parquet"))
+    run.write("nodes.parquet", nodes)
+    run.write("edges.parquet", edges)
+    return {"nodes": nodes.num_rows, "edges": edges.num_rows}
+
+
+def _embed(run: StageRun) -> dict:
+    nodes = pa.concat_tables([run.read(s, "nodes.parquet") for s in assemble.NODE_STAGES])
+    run.reporter.stage_started(run.stage.name, None)
+    ids, vectors = embed.run(nodes, run.embedder)
+    run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
+    _write_npy(run.path("vectors.npy"), vectors)
+    return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else run.embedder.dim}
+
+
+def _similarity(run: StageRun) -> dict:
+    run.reporter.stage_started(run.stage.name, None)
+    ids = run.read("embed", "ids.parquet")["id"].to_pylist()
+    vectors = np.load(run.ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    signature = {"model": run.embedder.model_id, "neighbours": run.config.similarity.neighbours,
+                 "version": similarity_edges.VERSION}
+    keys = similarity_edges.keys(ids, vectors)
+    neighbours = similarity_edges.neighbour_lists(keys, vectors, run.config.similarity.neighbours,
+                                                  _previous_neighbours(run.path("neighbours.parquet"), signature))
+    pairs = similarity_edges.pairs(neighbours)
+    id_array = np.asarray(ids, dtype=object)
+    edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
+                      pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
+    run.write("edges.parquet", edges)
+    table = similarity_edges.to_table(keys, neighbours)
+    run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
+    return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}
+
+
+def _assemble(run: StageRun) -> dict:
+    run.reporter.stage_started(run.stage.name, None)
+    return assemble.run(run.ws, run.config, run.embedder, lambda: _kill_point("assemble", "publish"))
+
+
+def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
+    """The neighbour lists of the last completed similarity stage, if made with these settings."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid):
+        return None
+    metadata = table.schema.metadata or {}
+    return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
+
+
+GRAPH_OUTPUTS = ("nodes.parquet", "edges.parquet", "failures.parquet")
+STAGES: tuple[Stage, ...] = (
+    Stage("chunk", _chunk, settings=("chunk",), outputs=("documents.parquet", "chunks.parquet"), reads_input=True),
+    Stage("decompose", _decompose, upstream=("chunk",), settings=("engine",), task="decompose",
+          outputs=(*GRAPH_OUTPUTS, "occurrences.parquet", "links.parquet")),
+    Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph"), task="attributes",
+          outputs=GRAPH_OUTPUTS),
+    Stage("communities", _communities, upstream=("decompose", "attributes"), settings=("engine", "graph", "embedding"),
+          task="community_elements", outputs=("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")),
+    Stage("text", _text, upstream=("chunk", "decompose"), outputs=("nodes.parquet", "edges.parquet")),
+    Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
+          outputs=("ids.parquet", "vectors.npy")),
+    Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity"),
+          outputs=("neighbours.parquet", "edges.parquet")),
+    Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
+                                           "similarity"), settings=("config",)),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+BY_NAME = {s.name: s for s in STAGES}
+
+
 def engine_settings(config: Config, engine_name: str) -> dict:
     """What decides an engine's output: its name (offline version or litellm model) and sampling settings."""
     return {"name": engine_name, **config.engine_signature()}
 
 
-def _settings(config: Config, engine_name: str, stage: str) -> dict:
+def _settings(config: Config, engine_name: str, stage: Stage) -> dict:
     sections = {}
-    for name in STAGE_SETTINGS[stage]:
-        sections[name] = engine_settings(config, engine_name) if name == "engine" else getattr(config, name).model_dump(mode="json")
+    for name in stage.settings:
+        if name == "engine":
+            sections[name] = engine_settings(config, engine_name)
+        elif name == "config":  # the whole config: the build carries a snapshot of it
+            sections[name] = config_to_yaml(config)
+        else:
+            sections[name] = getattr(config, name).model_dump(mode="json")
     return sections
 
 
-def settings_digest(config: Config, engine_name: str, stage: str) -> str:
+def settings_digest(config: Config, engine_name: str, stage: Stage) -> str:
     return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_name, stage)})
+
+
+def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], scan_digest: str) -> str:
+    return json_digest({"stage": stage.name, "settings": settings,
+                        "upstream": [upstream_digests[u] for u in stage.upstream],
+                        "scan": scan_digest if stage.reads_input else None})
 
 
 def check_embedding_model(ws: Workspace, embedder: Embedder) -> None:
@@ -181,11 +318,44 @@ class _StageProgress(Reporter):
         self.reporter.warn(message)
 
 
-def _outputs_intact(ws: Workspace, stage: str, entry: dict) -> bool:
-    paths = stage_outputs(ws, stage)
+def outputs_digest(ws: Workspace, stage: Stage) -> str | None:
+    """The digest of a stage's outputs as they are on disk now (None when one is missing); for
+    assemble, the contents digest of the current generation, whose files are checked against
+    their recorded checksums."""
+    if stage.name == "assemble":
+        return assemble.current_contents(ws)
+    paths = [ws.stage_path(stage.name, name) for name in stage.outputs]
     if not all(p.is_file() for p in paths):
-        return False
-    return json_digest([file_digest(p) for p in paths]) == entry.get("outputs")
+        return None
+    return json_digest([file_digest(p) for p in paths])
+
+
+@dataclass
+class Decision:
+    run: bool
+    reason: str  # why it runs, or "unchanged"
+    fingerprint: str | None = None
+
+
+def decide(ws: Workspace, stage: Stage, entry: dict, settings: str, upstream: dict[str, str | None],
+           scan_digest: str) -> Decision:
+    """Whether a stage must run: the one rule for `index` and `index --dry-run`. `upstream`
+    holds the digests of the upstream outputs, None for one that is about to be rewritten (the
+    dry-run's case: then a stage whose other inputs match may still find its inputs unchanged)."""
+    if entry.get("state") != "done":
+        return Decision(True, "interrupted before" if entry.get("state") == "running" else "not run yet")
+    if entry.get("settings") != settings:
+        return Decision(True, "its settings changed")
+    if entry.get("failures"):
+        return Decision(True, f"retry {entry['failures']} failed item(s)")
+    if any(upstream.get(u) is None for u in stage.upstream):
+        return Decision(True, "its inputs may change (cached work is reused)")
+    expected = fingerprint(stage, settings, upstream, scan_digest)
+    if entry.get("fingerprint") != expected:
+        return Decision(True, "the input folder changed" if stage.reads_input else "its inputs changed", expected)
+    if outputs_digest(ws, stage) != entry.get("outputs"):
+        return Decision(True, "its outputs are missing or damaged", expected)
+    return Decision(False, "unchanged", expected)
 
 
 def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, list[str]]:
@@ -210,14 +380,16 @@ def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, 
 
 
 def indexed_state(ws: Workspace) -> dict[str, str]:
-    """{path: content hash} of the documents in the last complete build (empty when none, or
-    when the final stage was interrupted and the final tables are not a complete build)."""
-    path = indexed_documents_path(ws)
-    if not path.is_file() or ws.read_manifest().get("stages", {}).get("similarity", {}).get("state") != "done":
+    """{path: content hash} of the documents in the last complete build (empty when none)."""
+    table = assemble.built_documents(ws, ["path", "content_hash", "status"])
+    if table is None:
         return {}
-    table = pq.read_table(path, columns=["path", "content_hash", "status"])
     return {p: h for p, h, s in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
                                     table["status"].to_pylist(), strict=True) if s == "indexed"}
+
+
+def scan_digest_of(files) -> str:
+    return json_digest([(f.path, f.content_hash) for f in files])
 
 
 def run_pipeline(
@@ -242,62 +414,65 @@ def run_pipeline(
         log.warning("skipped %s: %s", path, reason)
     changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
     result.documents = {k: len(v) for k, v in changes.items()}
-    scan_digest = json_digest([(f.path, f.content_hash) for f in files])
+    scan = scan_digest_of(files)
     log.info("run started: input %s, %s", Path(input_folder).resolve(), result.documents)
+    removed = ws.remove_unused_generations()  # left by a killed run, or held by a reader last time
+    if removed:
+        log.info("removed unused generations %s", ", ".join(removed))
 
     manifest = ws.read_manifest()
-    if manifest.get("embedding", {}).get("vectors") == embedder.vector_id and indexed_state(ws):
+    if manifest.get("embedding", {}).get("vectors") == embedder.vector_id:
         _recall_vectors(ws, embedder)
     manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest["input"] = str(Path(input_folder).resolve())
     ws.write_manifest(manifest)
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
 
-    outputs_digest: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    counter = TokenCounter(ws.cache)
     for stage in STAGES:
         settings = settings_digest(config, engine.name, stage)
-        fingerprint = json_digest(
-            {"stage": stage, "settings": settings, "upstream": [outputs_digest[u] for u in UPSTREAM[stage]],
-             "scan": scan_digest if stage == "chunk" else None}
-        )
-        entry = manifest["stages"].get(stage, {})
-        if (entry.get("state") == "done" and entry.get("fingerprint") == fingerprint and not entry.get("failures")
-                and _outputs_intact(ws, stage, entry)):
-            outputs_digest[stage] = entry["outputs"]
-            reporter.stage_finished(stage, 0.0, skipped=True)
-            result.stages[stage] = {"skipped": True, "seconds": entry.get("seconds", 0.0)}
-            log.info("stage %s unchanged, skipped", stage)
-            if stage == stop_after:
+        entry = manifest["stages"].get(stage.name, {})
+        decision = decide(ws, stage, entry, settings, digests, scan)
+        if not decision.run:
+            digests[stage.name] = entry["outputs"]
+            reporter.stage_finished(stage.name, 0.0, skipped=True)
+            result.stages[stage.name] = {"skipped": True, "seconds": entry.get("seconds", 0.0)}
+            log.info("stage %s unchanged, skipped", stage.name)
+            if stage.name == stop_after:
                 break
             continue
-        manifest["stages"][stage] = {"state": "running", "fingerprint": fingerprint, "settings": settings}
+        stage_print = decision.fingerprint or fingerprint(stage, settings, digests, scan)
+        manifest["stages"][stage.name] = {"state": "running", "fingerprint": stage_print, "settings": settings}
         ws.write_manifest(manifest)
-        log.info("stage %s started", stage)
-        _kill_point(stage, "start")
+        log.info("stage %s started (%s)", stage.name, decision.reason)
+        _kill_point(stage.name, "start")
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
         t0 = time.perf_counter()
-        info = _run_stage(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage))
+        info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
+                                  counter))
         seconds = time.perf_counter() - t0
-        digest = json_digest([file_digest(p) for p in stage_outputs(ws, stage)])
-        outputs_digest[stage] = digest
-        _kill_point(stage, "commit")
-        llm = _delta(before, engine.stats, ENGINE_TASK.get(stage))
+        digest = outputs_digest(ws, stage)
+        digests[stage.name] = digest
+        _kill_point(stage.name, "commit")
+        llm = _delta(before, engine.stats, stage.task)
         info["vectors_computed"] = embedder.computed - vectors_before
-        manifest["stages"][stage] = {"state": "done", "fingerprint": fingerprint, "settings": settings,
-                                     "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}
+        manifest["stages"][stage.name] = {"state": "done", "fingerprint": stage_print, "settings": settings,
+                                          "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}
         ws.write_manifest(manifest)
-        reporter.stage_finished(stage, seconds, skipped=False)
-        result.stages[stage] = {"skipped": False, "seconds": seconds, **info}
-        log.info("stage %s done in %.2fs %s", stage, seconds, info)
-        if stage == stop_after:
+        reporter.stage_finished(stage.name, seconds, skipped=False)
+        result.stages[stage.name] = {"skipped": False, "seconds": seconds, **info}
+        log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
+        if stage.name == stop_after:
             break
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
-    if ws.path("nodes.parquet").is_file() and manifest["stages"].get("similarity", {}).get("state") == "done":
-        types = ws.read_table(ws.path("nodes.parquet"), ["type"])["type"].to_pylist()
-        result.node_counts = {t: types.count(t) for t in NODE_TYPES}
-        result.edge_count = pq.ParquetFile(ws.path("edges.parquet")).metadata.num_rows
+    built = assemble.current_manifest(ws)
+    if built is not None and manifest["stages"].get("assemble", {}).get("state") == "done":
+        result.generation = built["name"]
+        result.node_counts = dict(built["counts"]["nodes"])
+        result.edge_count = built["counts"]["edges"]["merged_total"]
     log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
     return result
 
@@ -325,8 +500,11 @@ def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
     """The last complete build's vectors, by text, into the embedder's memory: an update's unchanged
     nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue)."""
     try:
-        nodes = ws.read_table(ws.path("nodes.parquet"), ["text", "vector_row"])
-        index = faiss.read_index(str(ws.path("vectors.faiss")))
+        with assemble.open_current(ws) as built:
+            if built is None:
+                return
+            nodes = built.table("nodes", ["text", "vector_row"])
+            index = faiss.read_index(str(built.path("vectors.faiss")))
     except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
         return  # a damaged earlier build: the cache still has every vector
     rows = nodes["vector_row"].to_numpy()
@@ -347,160 +525,3 @@ def _delta(before: dict, stats: EngineStats, task: str | None) -> dict:
     now = vars(stats.by_task[task])
     prior = before.get(task, {})
     return {k: round(v - prior.get(k, 0), 6) if isinstance(v, float) else v - prior.get(k, 0) for k, v in now.items()}
-
-
-def _read(ws: Workspace, stage: str, name: str) -> pa.Table:
-    return ws.read_table(ws.stage_path(stage, name))
-
-
-def _run_stage(stage: str, ws: Workspace, files, config: Config, engine: Engine, embedder: Embedder,
-               reporter: Reporter) -> dict:
-    g = config.graph
-    counter = TokenCounter(ws.cache)
-    if stage == "chunk":
-        reporter.stage_started(stage, None)
-        documents, chunks = chunk.run(files, config.chunk.chunk_tokens, config.chunk.overlap_tokens, ws.cache)
-        write_parquet(ws.path("documents.parquet"), documents)
-        write_parquet(ws.stage_path("chunk", "chunks.parquet"), chunks)
-        return {"documents": documents.num_rows, "chunks": chunks.num_rows}
-    if stage == "decompose":
-        chunks = _read(ws, "chunk", "chunks.parquet")
-        reporter.stage_started(stage, chunks.num_rows)
-        rows_paths = (ws.stage_path(stage, "occurrences.parquet"), ws.stage_path(stage, "links.parquet"))
-        occurrences, links, failures, work = decompose.decompose_chunks(
-            chunks, engine, ws.cache, reporter.advance, engine_settings(config, engine.name),
-            decompose.read_rows(*rows_paths), counter,
-        )
-        nodes, edges = decompose.build_graph(occurrences, links)
-        # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-        embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
-        _commit(ws, stage, nodes, edges, failures)
-        for path, table in zip(rows_paths, (occurrences, links), strict=True):
-            write_parquet(path, decompose.with_version(table))
-        return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
-    if stage == "attributes":
-        nodes, edges = _read(ws, "decompose", "nodes.parquet"), _read(ws, "decompose", "edges.parquet")
-        reporter.stage_started(stage, None)
-        new_nodes, new_edges, failures = attributes.run(
-            nodes, edges, engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, reporter.advance, counter
-        )
-        embedder.embed(new_nodes["text"].to_pylist())
-        _commit(ws, stage, new_nodes, new_edges, failures)
-        return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
-    if stage == "communities":
-        nodes = pa.concat_tables([_read(ws, "decompose", "nodes.parquet"), _read(ws, "attributes", "nodes.parquet")])
-        edges = merge_edges([_read(ws, "decompose", "edges.parquet"), _read(ws, "attributes", "edges.parquet")])
-        reporter.stage_started(stage, None)
-        new_nodes, new_edges, assignments, failures = communities.run(
-            nodes.sort_by("id"), edges, engine, embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-            reporter.advance, counter,
-        )
-        _commit(ws, stage, new_nodes, new_edges, failures)
-        write_parquet(ws.stage_path(stage, "assignments.parquet"), assignments.sort_by("id"))
-        n_communities = len(set(assignments["community"].to_pylist()) - {-1})
-        return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities,
-                "failures": len(failures)}
-    if stage == "text":
-        reporter.stage_started(stage, None)
-        nodes, edges = text.run(_read(ws, "chunk", "chunks.parquet"), _read(ws, "decompose", "nodes.parquet"))
-        write_parquet(ws.stage_path(stage, "nodes.parquet"), nodes)
-        write_parquet(ws.stage_path(stage, "edges.parquet"), edges)
-        return {"nodes": nodes.num_rows, "edges": edges.num_rows}
-    if stage == "embed":
-        nodes = _all_stage_nodes(ws)
-        reporter.stage_started(stage, None)
-        ids, vectors = embed.run(nodes, embedder)
-        write_parquet(ws.stage_path(stage, "ids.parquet"), pa.table({"id": pa.array(ids, pa.string())}))
-        _write_npy(ws.stage_path(stage, "vectors.npy"), vectors)
-        return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else embedder.dim}
-    if stage == "similarity":
-        reporter.stage_started(stage, None)
-        return _assemble(ws, config, embedder)
-    raise ValueError(stage)
-
-
-def _commit(ws: Workspace, stage: str, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
-    write_parquet(ws.stage_path(stage, "nodes.parquet"), nodes)
-    write_parquet(ws.stage_path(stage, "edges.parquet"), edges)
-    write_parquet(ws.stage_path(stage, "failures.parquet"), _failures_table(stage, failures))
-
-
-def _all_stage_nodes(ws: Workspace) -> pa.Table:
-    return pa.concat_tables([_read(ws, s, "nodes.parquet") for s in ("decompose", "attributes", "communities", "text")])
-
-
-def _previous_neighbours(ws: Workspace, signature: dict) -> pa.Table | None:
-    """The neighbour lists of the last completed similarity stage, if made with these settings."""
-    path = ws.stage_path("similarity", "neighbours.parquet")
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid):
-        return None
-    metadata = table.schema.metadata or {}
-    return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
-
-
-def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
-    """Each node's documents, distinct and sorted, through its chunks (a chunk text that two
-    documents share is one chunk of both)."""
-    pairs = chunks.select(["chunk_id", "doc_id"]).sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
-    chunk_of_pair = pairs["chunk_id"].to_numpy(zero_copy_only=False)
-    docs, doc_code = np.unique(pairs["doc_id"].to_numpy(zero_copy_only=False), return_inverse=True)
-    chunk_ids, first, count = np.unique(chunk_of_pair, return_index=True, return_counts=True)
-    lengths = pc.fill_null(pc.list_value_length(chunk_lists), 0).to_numpy()
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    found = pc.index_in(pc.list_flatten(chunk_lists), value_set=pa.array(chunk_ids, pa.string()))
-    known = pc.is_valid(found).to_numpy(zero_copy_only=False)
-    chunk = pc.fill_null(found, 0).to_numpy()[known]
-    owner = np.repeat(owner[known], count[chunk])
-    pair = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
-    codes = np.unique(owner.astype(np.int64) * len(docs) + doc_code[pair])
-    offsets = np.r_[0, np.cumsum(np.bincount(codes // max(len(docs), 1), minlength=len(lengths)))].astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
-
-
-def _final_nodes(ws: Workspace, ids: list[str], vectors: np.ndarray) -> pa.Table:
-    """Write nodes.parquet (doc ids through chunk ids, vector rows, communities) and vectors.faiss."""
-    nodes = _all_stage_nodes(ws).sort_by("id")
-    doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), _read(ws, "chunk", "chunks.parquet"))
-    assignments = _read(ws, "communities", "assignments.parquet")
-    community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
-    columns = {name: nodes[name] for name in NODE_COLUMNS}
-    columns["doc_ids"] = doc_ids
-    columns["community"] = pc.fill_null(community, -1).cast(pa.int32())
-    columns["vector_row"] = pc.fill_null(pc.index_in(nodes["id"], value_set=pa.array(ids, pa.string())), -1).cast(pa.int32())
-    final = pa.table(columns).cast(NODE_SCHEMA)
-    write_parquet(ws.path("nodes.parquet"), final)
-    index = similarity_edges.flat_index(vectors)
-    atomic_write_bytes(ws.path("vectors.faiss"), faiss.serialize_index(index).tobytes())
-    return final
-
-
-def _assemble(ws: Workspace, config: Config, embedder: Embedder) -> dict:
-    """Similarity edges, the vector index, and the final nodes/edges tables. The nodes table and the
-    index do not depend on the similarity edges: they are written on a second thread meanwhile."""
-    ids = _read(ws, "embed", "ids.parquet")["id"].to_pylist()
-    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
-    with ThreadPoolExecutor(1) as pool:
-        final = pool.submit(_final_nodes, ws, ids, vectors)
-        id_array = np.asarray(ids, dtype=object)
-        signature = {"model": embedder.model_id, "neighbours": config.similarity.neighbours,
-                     "version": similarity_edges.VERSION}
-        keys = similarity_edges.keys(ids, vectors)
-        neighbours = similarity_edges.neighbour_lists(keys, vectors, config.similarity.neighbours,
-                                                      _previous_neighbours(ws, signature))
-        pairs = similarity_edges.pairs(neighbours)
-        similarity = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
-                               pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
-        structural = [_read(ws, s, "edges.parquet") for s in ("decompose", "attributes", "communities", "text")]
-        edges = merge_edges([*structural, similarity])
-        write_parquet(ws.path("edges.parquet"), edges)
-        table = similarity_edges.to_table(keys, neighbours)
-        write_parquet(ws.stage_path("similarity", "neighbours.parquet"),
-                      table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
-        final_rows = final.result().num_rows
-    write_parquet(indexed_documents_path(ws), ws.read_table(ws.path("documents.parquet")))
-    hnsw_edges = int(pc.sum(edges["hnsw"]).as_py() or 0)
-    return {"nodes": final_rows, "edges": edges.num_rows, "hnsw_edges": hnsw_edges,
-            "structural_edges": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
-            "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}

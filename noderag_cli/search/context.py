@@ -55,32 +55,33 @@ def top_per_group(scores: np.ndarray, groups: np.ndarray, eligible: np.ndarray, 
 
 
 def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
-               texts: np.ndarray | None = None, keys: Sequence[frozenset[str]] | None = None) -> np.ndarray:
+               keys: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would
-    overflow is skipped, not the rest. With texts (or their `sentence_keys`, precomputed per row as
-    `keys`), a node that repeats a sentence already in the context (a unit inside a chunk already
-    shown, an extractive attribute repeating units) is skipped too: its tokens would buy a sentence
-    twice, and what else it says is within reach as units of its own."""
+    overflow is skipped, not the rest. With `keys`, each node's sentence keys as ids (CSR arrays
+    `(indptr, ids)`, from `sentence_key_ids`), a node that repeats a sentence already in the
+    context (a unit inside a chunk already shown, an extractive attribute repeating units) is
+    skipped too: its tokens would buy a sentence twice, and what else it says is within reach as
+    units of its own."""
     if len(rows) == 0:
         return rows
     order = np.lexsort((rows, -priority))
     rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
     fits = cost <= budget
     rows, cost = rows[fits], cost[fits]
-    if keys is None and texts is None:
+    kept, used, shown = [], 0, set()
+    if keys is None:
         # no dedupe: a node is kept when it fits what the nodes before it left
-        kept, used = [], 0
         for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
             if used + size <= budget:
                 kept.append(row)
                 used += size
         return np.asarray(kept, dtype=np.int64)
-    kept, used, shown = [], 0, set()
+    indptr, ids = keys
     smallest = int(cost.min()) if len(cost) else 0
     for row, size in zip(rows.tolist(), cost.tolist(), strict=True):
         if used + size > budget:
             continue
-        node_keys = keys[row] if keys is not None else sentence_keys(texts[row])
+        node_keys = ids[indptr[row]:indptr[row + 1]].tolist()
         if not shown.isdisjoint(node_keys):
             continue
         shown.update(node_keys)
@@ -89,6 +90,18 @@ def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budge
         if budget - used < smallest:
             break
     return np.asarray(kept, dtype=np.int64)
+
+
+def sentence_key_ids(texts: Sequence[str], keep: Sequence[bool]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every node's sentence keys as ids, CSR (indptr, ids; int64), and the number of distinct
+    keys: the nodes whose `keep` is false get none. Ids are given in first-seen order over the
+    nodes, each node's keys sorted."""
+    key_id: dict[str, int] = {}
+    ids_of = [[key_id.setdefault(key, len(key_id)) for key in sorted(sentence_keys(text))] if wanted else []
+              for text, wanted in zip(texts, keep, strict=True)]
+    indptr = np.r_[0, np.cumsum([len(k) for k in ids_of], dtype=np.int64)].astype(np.int64)
+    ids = np.fromiter((k for node in ids_of for k in node), np.int64, int(indptr[-1]))
+    return indptr, ids, len(key_id)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")

@@ -1,18 +1,19 @@
 """Dual search entry points: exact name matching on N and O nodes, vector top-k on S, A, H.
 
-Exact side: names are indexed once, as their normalised word sequences. A query entity
-matches every name that occurs in it as a whole-word phrase, case-insensitively: each
-of the entity's word n-grams is one dictionary lookup, so the cost per query does not
-grow with the number of names.
+Exact side: names are indexed once, at index time, as their normalised word sequences. A
+query entity matches every name that occurs in it as a whole-word phrase, case-insensitively:
+each of the entity's word n-grams is one lookup in a sorted hash array, so the cost per query
+hardly grows with the number of names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
-from collections import defaultdict
 
 import numpy as np
+import pyarrow as pa
 
 from ..graph import normalize_name
 from ..nlp import STOPWORDS
@@ -28,16 +29,73 @@ def name_words(name: str) -> tuple[str, ...]:
     return tuple(_WORDS.findall("".join(c for c in folded if not unicodedata.combining(c))))
 
 
+def _key_hash(words) -> int:
+    return int.from_bytes(hashlib.blake2b("\x1f".join(words).encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _hashes(texts) -> np.ndarray:
+    return np.fromiter((_key_hash((t,)) if isinstance(t, str) else _key_hash(t) for t in texts), np.uint64)
+
+
 class NameIndex:
-    def __init__(self, names: list[str], rows: np.ndarray):
-        self._rows: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    """Names as sorted 64-bit hashes of their word sequences, with each name's rows (CSR) and the
+    sequence itself to confirm a hash match; and per first word, the words of the longest name it
+    starts. Built once at index time (`arrays`), opened by memory mapping: a lookup is a binary
+    search, whatever the number of names."""
+
+    ARRAYS = ("name_hash", "name_indptr", "name_rows", "first_hash", "first_longest")
+
+    def __init__(self, arrays: dict[str, np.ndarray], keys: pa.Array):
+        self._hash, self._indptr, self._rows = arrays["name_hash"], arrays["name_indptr"], arrays["name_rows"]
+        self._first, self._longest = arrays["first_hash"], arrays["first_longest"]
+        self._keys = keys  # "\x1f"-joined word sequences, in hash order
+
+    @staticmethod
+    def arrays(names: list[str], rows: np.ndarray) -> tuple[dict[str, np.ndarray], pa.Array]:
+        """The index of `names` (one per row of `rows`): its arrays and its key strings."""
+        by_words: dict[tuple[str, ...], list[int]] = {}
         for name, row in zip(names, rows.tolist(), strict=True):
             words = name_words(name)
             if words and len(words) <= MAX_NAME_WORDS:
-                self._rows[words].append(row)
-        self._longest: dict[str, int] = {}  # first word -> words of the longest name it starts
-        for words in self._rows:
-            self._longest[words[0]] = max(self._longest.get(words[0], 0), len(words))
+                by_words.setdefault(words, []).append(row)
+        keys = list(by_words)
+        hashes = _hashes(keys)
+        order = np.lexsort((np.arange(len(keys)), hashes))
+        ordered = [keys[i] for i in order.tolist()]
+        lists = [by_words[k] for k in ordered]
+        longest: dict[str, int] = {}
+        for words in keys:
+            longest[words[0]] = max(longest.get(words[0], 0), len(words))
+        firsts = list(longest)
+        first_hash = _hashes(firsts)
+        first_order = np.argsort(first_hash, kind="stable")
+        return {
+            "name_hash": hashes[order],
+            "name_indptr": np.r_[0, np.cumsum([len(r) for r in lists], dtype=np.int64)].astype(np.int64),
+            "name_rows": np.fromiter((r for rs in lists for r in rs), np.int64),
+            "first_hash": first_hash[first_order],
+            "first_longest": np.asarray([longest[firsts[i]] for i in first_order.tolist()], np.int16),
+        }, pa.array(["\x1f".join(k) for k in ordered], pa.string())
+
+    @classmethod
+    def build(cls, names: list[str], rows: np.ndarray) -> NameIndex:
+        return cls(*cls.arrays(names, rows))
+
+    def _rows_of(self, words: tuple[str, ...]) -> list[int]:
+        code = np.uint64(_key_hash(words))
+        low = int(np.searchsorted(self._hash, code, side="left"))
+        high = int(np.searchsorted(self._hash, code, side="right"))
+        joined = "\x1f".join(words)
+        for position in range(low, high):
+            if self._keys[position].as_py() == joined:
+                return self._rows[self._indptr[position]:self._indptr[position + 1]].tolist()
+        return []
+
+    def _reach(self, word: str) -> int:
+        code = np.uint64(_key_hash((word,)))
+        low = int(np.searchsorted(self._first, code, side="left"))
+        high = int(np.searchsorted(self._first, code, side="right"))
+        return int(self._longest[low:high].max()) if high > low else 0  # a colliding hash only widens the search
 
     def match(self, phrase: str, require_capital: bool = False) -> list[int]:
         """Rows of the names occurring in phrase on word boundaries, longest first: a word inside a
@@ -47,16 +105,18 @@ class NameIndex:
         words = name_words(phrase)
         found: list[int] = []
         covered = [False] * len(words)
-        reach = [self._longest.get(word, 0) for word in words]  # no longer n-gram can start here
+        reach = [self._reach(word) for word in words]  # no longer n-gram can start here
         for size in range(min(len(words), max(reach, default=0)), 0, -1):
             for start in range(len(words) - size + 1):
                 if reach[start] < size:
                     continue
                 gram = words[start : start + size]
-                rows = self._rows.get(gram)
-                if not rows or any(covered[start : start + size]):
+                if any(covered[start : start + size]):
                     continue
                 if size == 1 and (gram[0] in STOPWORDS or len(gram[0]) < 2):
+                    continue
+                rows = self._rows_of(gram)
+                if not rows:
                     continue
                 if require_capital and size == 1 and not _looks_like_name(gram[0], raw):
                     continue

@@ -1,41 +1,85 @@
-"""Personalised PageRank as sparse matrix-vector products (paper §2.5).
+"""Personalised PageRank over the walk matrix P (paper §2.5).
 
 paper: pi_t = alpha * p + (1 - alpha) * P^T pi_(t-1), pi_0 = p
 lazy:  pi_t = alpha * P^T pi_(t-1) + (1 - alpha) * pi_(t-1)   (the reference code's walk)
-P is the row-normalised weighted adjacency, built once per workspace load. A fixed, small
-number of steps from a few entry points reads only the rows of P that carry mass. "Deep"
-PPR (the ablation) is the same walk with enough steps to converge (evaluate/variants.py).
+P is the row-normalised weighted adjacency. A fixed, small number of steps from a few entry
+points reads only the rows of P that carry mass. "Deep" PPR (the ablation) is the same walk
+with enough steps to converge (evaluate/variants.py).
+
+P is kept as `WalkMatrix`: the adjacency's CSR layout with byte weights and one inverse degree
+per row, built at index time for the configured similarity weight (search/prepare.py) and read
+by memory mapping; scipy is needed only to build one, never to walk it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import scipy.sparse as sp
 
 from ..graph import row_entries
 
 
-def inverse_degree(adjacency: sp.csr_matrix) -> np.ndarray:
+def inverse_degree(adjacency) -> np.ndarray:
     """1 / weighted degree per row (0 for a row without edges)."""
     degree = np.asarray(adjacency.sum(axis=1)).ravel()
     return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
 
 
-def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
-    """P, row-normalised, CSR."""
+def transition(adjacency):
+    """P, row-normalised, as a scipy CSR matrix."""
+    import scipy.sparse as sp
+
     return (sp.diags(inverse_degree(adjacency)) @ adjacency).tocsr()
 
 
-def _walk(transition_p: sp.csr_matrix, rows: np.ndarray, mass: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class WalkMatrix:
+    """P as the walk reads it: (indptr, indices, weights, inverse degree per row) in P's own entry
+    order (scipy's product leaves a row's columns unsorted, and the order of a sum is part of its
+    bits), where P's entry is inverse[row] x weight exactly as scipy computed it. Edge weights are
+    small whole numbers, so they fit a byte: a third of P's float64 memory. P's own values (and an
+    inverse of 1) are the fallback when a weight does not fit."""
+
+    indptr: np.ndarray  # int32
+    indices: np.ndarray  # int32
+    weights: np.ndarray  # uint8, or float64 (the fallback)
+    inverse: np.ndarray  # float64
+
+    @property
+    def n(self) -> int:
+        return len(self.indptr) - 1
+
+    @classmethod
+    def from_adjacency(cls, adjacency) -> WalkMatrix:
+        transition_p = transition(adjacency)
+        inverse = inverse_degree(adjacency)
+        rows = np.repeat(np.arange(adjacency.shape[0]), np.diff(transition_p.indptr))
+        sorted_order = np.lexsort((transition_p.indices, rows))  # P's entries in the adjacency's sorted layout
+        weights = np.empty(len(rows), adjacency.data.dtype)
+        if adjacency.has_sorted_indices and np.array_equal(transition_p.indices[sorted_order], adjacency.indices):
+            weights[sorted_order] = adjacency.data
+            small = weights.astype(np.uint8)
+            if np.array_equal(small, weights) and np.array_equal(inverse[rows] * small, transition_p.data):
+                return cls(transition_p.indptr, transition_p.indices, small, inverse)
+        return cls(transition_p.indptr, transition_p.indices, transition_p.data, np.ones(adjacency.shape[0]))
+
+    def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(columns, P's values) of every entry of the given rows, row after row."""
+        offsets = row_entries(self.indptr, rows)
+        owner = np.repeat(rows, np.diff(self.indptr)[rows])
+        return self.indices[offsets], self.inverse[owner] * self.weights[offsets]
+
+
+def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """mass^T P for mass on `rows` only: gathers those rows of P and sums them into a dense vector."""
-    offsets = row_entries(transition_p.indptr, rows)
-    weights = transition_p.data[offsets] * np.repeat(mass, np.diff(transition_p.indptr)[rows])
+    columns, values = walk.entries(rows)
+    weights = values * np.repeat(mass, np.diff(walk.indptr)[rows])
     # astype: with no entries at all (entry points without edges) bincount returns integers
-    return np.bincount(transition_p.indices[offsets], weights=weights,
-                       minlength=transition_p.shape[0]).astype(np.float64, copy=False)
+    return np.bincount(columns, weights=weights, minlength=walk.n).astype(np.float64, copy=False)
 
 
-def shallow_ppr(transition_p: sp.csr_matrix, entries: np.ndarray, alpha: float, iterations: int,
+def shallow_ppr(walk: WalkMatrix, entries: np.ndarray, alpha: float, iterations: int,
                 variant: str = "paper") -> tuple[np.ndarray, np.ndarray]:
     """PPR from a uniform start on `entries`, as (support rows sorted, scores). A step reads only the
     rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph; the
@@ -44,7 +88,7 @@ def shallow_ppr(transition_p: sp.csr_matrix, entries: np.ndarray, alpha: float, 
     start = 1.0 / len(entries)
     support, mass = entries, np.full(len(entries), start)
     for _ in range(iterations):
-        pi = _walk(transition_p, support, mass)
+        pi = _walk(walk, support, mass)
         if variant == "paper":  # alpha p + (1 - alpha) P^T pi
             pi *= 1 - alpha
             pi[entries] += alpha * start

@@ -1,11 +1,13 @@
-"""The loaded workspace for search: node arrays, the transition matrices, the name index, the
-vectors and each node's sentence keys and source documents are read once when a workspace is
-opened; a query then costs a few dictionary lookups, one exact scan of the S, A and H vectors,
-a few sparse gathers (the walk reads only the rows that carry mass) and partial sorts.
+"""A build opened for search. Everything a question reads was derived at index time
+(search/prepare.py) and is memory-mapped from the build's generation, so opening costs the same
+at any size; a query then costs a few hash lookups, one int8 scan of the S, A and H vectors, a
+few sparse gathers (the walk reads only the rows that carry mass) and partial sorts. The full
+tables and the scipy graph are loaded only if an evaluation strategy asks for them.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,27 +15,33 @@ from dataclasses import dataclass, field
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import scipy.sparse as sp
 
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..graph import Graph, row_entries
-from ..index.pipeline import check_embedding_model
-from ..workspace import Workspace, WorkspaceError
+from ..workspace import Generation, WorkspaceError
 from . import QueryError, context
 from .entry import NameIndex
-from .ppr import inverse_degree, shallow_ppr, transition
+from .ppr import WalkMatrix, shallow_ppr
+from .prepare import (
+    MAX_RETRIEVABLE_CODE,
+    SCANNED,
+    TYPE_CODE,
+    WALK_ARRAYS,
+    Prepared,
+    prepare,
+    split_adjacency,
+    walk_matrix,
+)
 
 MAX_QUESTION_CHARS = 20_000
 SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
 SCAN8_SLACK = 1e-5  # float32 rounding of an exact 256-term dot product, with room to spare
-TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
-MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
-SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
+TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
-IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])
+CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER else len(context.TYPE_ORDER)
+                         for t in TYPE_CODE], dtype=np.int8)  # by type code
 
 
 def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -57,33 +65,6 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
         faiss.fvec_inner_products_by_idx(faiss.swig_ptr(out), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
                                          faiss.swig_ptr(rows), vectors.shape[1], 1, len(rows))
     return out
-
-
-def compact_transition(adjacency: sp.csr_matrix, transition_p: sp.csr_matrix) -> tuple:
-    """P as the walk kernel reads it: (indptr, indices, weights, inverse degree per row), in P's own
-    entry order (scipy's product leaves a row's columns unsorted, and the order of a sum is part of
-    its bits), where P's entry is inverse[row] x weight exactly as scipy computed it. Edge weights
-    are small whole numbers, so they fit a byte: a third of P's float64 memory. P's own values are
-    the fallback when a weight does not fit."""
-    inverse = inverse_degree(adjacency)
-    rows = np.repeat(np.arange(adjacency.shape[0]), np.diff(transition_p.indptr))
-    sorted_order = np.lexsort((transition_p.indices, rows))  # P's entries in the adjacency's sorted layout
-    weights = np.empty(len(rows), adjacency.data.dtype)
-    if adjacency.has_sorted_indices and np.array_equal(transition_p.indices[sorted_order], adjacency.indices):
-        weights[sorted_order] = adjacency.data
-        small = weights.astype(np.uint8)
-        if np.array_equal(small, weights) and np.array_equal(inverse[rows] * small, transition_p.data):
-            return transition_p.indptr, transition_p.indices, small, inverse
-    return transition_p.indptr, transition_p.indices, transition_p.data, np.ones(adjacency.shape[0])
-
-
-def similarity_share(edges: pa.Table) -> pa.Table:
-    """The similarity part of each edge: weight 1 on every pair the similarity stage added (a row of
-    kind "similarity", or a structural pair it also found, whose weight it raised by 1), none elsewhere."""
-    hnsw = edges["hnsw"]
-    table = edges.filter(hnsw)
-    return table.set_column(table.schema.get_field_index("weight"), "weight",
-                            pa.array(np.ones(table.num_rows, np.float32)))
 
 
 @dataclass
@@ -135,115 +116,170 @@ def _load_kernels() -> None:
     kernels.warm_up()
 
 
+def _mapped(array: np.ndarray) -> np.ndarray:
+    """A plain ndarray over a memory-mapped one (the kernels are compiled for plain arrays)."""
+    return np.asarray(array)
+
+
+def _vectors_of(index: faiss.Index, dim: int) -> np.ndarray:
+    """The float32 rows of a flat faiss index, as a view on its (memory-mapped) codes."""
+    if index.ntotal == 0:
+        return np.zeros((0, dim), np.float32)
+    codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * dim * 4)
+    return codes.view(np.float32).reshape(index.ntotal, dim)
+
+
+def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[Prepared, np.ndarray]:
+    """The structures a generation holds, derived in memory from a workspace in the layout from
+    before generations (its next `index` writes them to disk)."""
+    root = generation.folder
+    nodes = generation.table("nodes", ["id", "type", "text", "name", "doc_ids", "tokens", "vector_row"])
+    try:
+        index = faiss.deserialize_index(np.fromfile(root / "vectors.faiss", dtype=np.uint8))
+    except (OSError, RuntimeError) as err:
+        raise WorkspaceError(f"workspace file {root / 'vectors.faiss'} is damaged ({str(err).splitlines()[0][:120]}); "
+                             "`noderag index` on the workspace repairs it") from None
+    vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), np.float32)
+    data = prepare(nodes, generation.table("edges"), generation.table("documents", ["doc_id", "path"]), vectors,
+                   similarity_weight)
+    return data, vectors
+
+
 class Retriever:
-    """A workspace loaded for search. With `compiled`, the walk, the selection and the budget run as
+    """A build opened for search. With `compiled`, the walk, the selection and the budget run as
     numba kernels (search/kernels.py): a third less time per question (~0.5 ms) for ~0.7 s more to
     open the workspace, worth it from about a thousand questions per process
     (api.COMPILED_FROM_QUESTIONS); without, as numpy and Python. Both give the same results to the
     bit (tests/test_search_parts.py, tests/test_query.py)."""
 
-    def __init__(self, ws: Workspace, config: Config, engine: Engine, embedder: Embedder, compiled: bool = True):
+    def __init__(self, generation: Generation, config: Config, engine: Engine, embedder: Embedder,
+                 compiled: bool = True):
         loading = threading.Thread(target=_load_kernels, name="noderag-kernels", daemon=True) if compiled else None
         if loading is not None:
             loading.start()
-        manifest = ws.read_manifest()
-        if manifest.get("stages", {}).get("similarity", {}).get("state") != "done" or not ws.path("nodes.parquet").is_file():
-            if not ws.exists():
-                raise WorkspaceError(f"{ws.root} is not an indexed workspace; run `noderag index {ws.root} --input FOLDER` first")
-            raise WorkspaceError(f"indexing of {ws.root} did not finish; run `noderag index` on it again to complete it")
-        check_embedding_model(ws, embedder)
+        recorded = generation.manifest.get("embedding") or {}
+        if recorded and (recorded.get("model") != embedder.model_id or recorded.get("dim") != embedder.dim):
+            raise WorkspaceError(
+                f"workspace {generation.ws_root} holds vectors of {recorded.get('model')} (dim {recorded.get('dim')}), "
+                f"the config asks for {embedder.model_id} (dim {embedder.dim})")
+        self.generation = generation
         self.config = config
         self.engine = engine
         self.embedder = embedder
-        nodes = ws.read_table(ws.path("nodes.parquet"), ["id", "type", "text", "name", "doc_ids", "tokens", "vector_row"])
-        edges = ws.read_table(ws.path("edges.parquet"))
-        self.graph = Graph.from_tables(nodes, edges)
-        self.ids = self.graph.ids
-        self.types = self.graph.types
-        self.texts = np.asarray(nodes["text"].to_pylist(), dtype=object)
-        self.tokens = nodes["tokens"].to_numpy()
-        self.doc_ids = nodes["doc_ids"].to_pylist()
-        documents = ws.read_table(ws.path("documents.parquet"), ["doc_id", "path"])
-        self.doc_path = dict(zip(documents["doc_id"].to_pylist(), documents["path"].to_pylist(), strict=True))
-        # the adjacency split in two: structural edges, and the similarity (HNSW) share of each pair,
-        # so the walk can weigh similarity edges by search.similarity_weight without re-indexing
-        similar = Graph.from_tables(nodes, similarity_share(edges)).adjacency
-        self.structural = (self.graph.adjacency - similar).tocsr()
-        self.structural.eliminate_zeros()
-        self.similar = similar
-        self._transitions: dict[float, sp.csr_matrix] = {}
-        self._compact: dict[float, tuple] = {}  # per weight: P for the walk kernel (compact_transition)
-
-        vector_row = nodes["vector_row"].to_numpy()
-        embedded = np.flatnonzero(vector_row >= 0)
-        self.node_of_vector = np.empty(len(embedded), dtype=np.int64)
-        self.node_of_vector[vector_row[embedded]] = embedded
-        self.vector_of_node = vector_row
-        index = faiss.deserialize_index(np.fromfile(ws.path("vectors.faiss"), dtype=np.uint8))
-        if index.d != embedder.dim:
-            raise WorkspaceError(f"workspace vectors have dimension {index.d}, the embedder gives {embedder.dim}")
-        self.vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, embedder.dim), np.float32)
+        if generation.legacy:
+            data, self.vectors = _legacy_prepared(generation, config.search.similarity_weight)
+            self._scan8_index = faiss.deserialize_index(np.frombuffer(data.raw["scan8.faiss"], np.uint8))
+            meta = data.meta
+        else:
+            data, meta = generation, generation.meta
+            vector_index = self._read_index("vectors.faiss")
+            self._scan8_index = self._read_index("scan8.faiss")
+            if vector_index.d != embedder.dim:
+                raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
+            self._vector_index = vector_index  # owns the mapped memory `vectors` views
+            self.vectors = _vectors_of(vector_index, embedder.dim)
+        self.data = data
+        node_text = data.arrow("node_text")
+        self._id_column, self._text_column = node_text["id"], node_text["text"]
+        self.type_codes = _mapped(data.array("type_codes"))
+        self.tokens = _mapped(data.array("tokens"))
+        self.vector_of_node = _mapped(data.array("vector_of_node"))
+        self.node_of_vector = _mapped(data.array("node_of_vector"))
+        self.scanned_rows = _mapped(data.array("scanned_rows"))
+        self.scan8_scale, self.scan8_error = meta["scan8"]["scale"], meta["scan8"]["error"]
+        self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(data.array(n)) for n in WALK_ARRAYS))}
+        self.leads_indptr, self.leads_indices = _mapped(data.array("leads_indptr")), _mapped(data.array("leads_indices"))
+        self.key_indptr, self.key_ids = _mapped(data.array("key_indptr")), _mapped(data.array("key_ids"))
+        self.key_count = int(meta["sentence_keys"])
+        self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
+        self.document_names = data.arrow("document_names")["path"]
+        self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
+                               data.arrow("name_keys")["key"])
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self.scanned_position = np.full(len(self.vectors), -1, dtype=np.int64)  # vector row -> place in the scan
-        self.scanned_rows = np.flatnonzero(np.isin(self.types[self.node_of_vector], list(SCANNED)))
-        self.scanned_position[self.scanned_rows] = np.arange(len(self.scanned_rows))
-        self._build_scan8()
-
-        names = np.flatnonzero(np.isin(self.types, ["N", "O"]))
-        name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).to_pylist()
-        self.names = NameIndex([name_texts[i] for i in names.tolist()], names)
-        # per node, computed once: the sentences the budget dedupes on, and the source documents shown
-        retrievable = np.isin(self.types, list(context.TYPE_ORDER))
-        self.sentence_keys = [context.sentence_keys(t) if keep else frozenset()
-                              for t, keep in zip(self.texts.tolist(), retrievable.tolist(), strict=True)]
-        self.documents = [sorted(self.doc_path.get(d, d) for d in docs) for docs in self.doc_ids]
-        self.rows_by_type = {t: np.flatnonzero(self.types == t) for t in "TSNRAHO"}
-        self.context_rank = np.full(len(self.ids), len(context.TYPE_ORDER), dtype=np.int8)
-        for rank, node_type in enumerate(context.TYPE_ORDER):
-            self.context_rank[self.rows_by_type[node_type]] = rank
-        self.type_codes = np.zeros(len(self.ids), dtype=np.int8)
-        for node_type, code in TYPE_CODE.items():
-            self.type_codes[self.rows_by_type[node_type]] = code
-        # the structural edges that end in an A or H node: what an entity or overview leads to
-        ends_led = IS_LED[self.type_codes[self.structural.indices]]
-        starts = np.repeat(np.arange(len(self.ids)), np.diff(self.structural.indptr))
-        self.leads_to = sp.csr_matrix((self.structural.data[ends_led], (starts[ends_led], self.structural.indices[ends_led])),
-                                      shape=self.structural.shape)
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
         self.kernels = None
         if loading is not None:
-            # the budget kernel reads each node's sentence keys as ids
-            key_id: dict[str, int] = {}
-            ids_of = [[key_id.setdefault(key, len(key_id)) for key in sorted(keys)] for keys in self.sentence_keys]
-            self.key_indptr = np.r_[0, np.cumsum([len(k) for k in ids_of])].astype(np.int64)
-            self.key_ids = np.fromiter((k for keys in ids_of for k in keys), np.int64, int(self.key_indptr[-1]))
-            self.key_count = len(key_id)
             loading.join()
             from . import kernels
 
             self.kernels = kernels
 
+    def _read_index(self, file: str) -> faiss.Index:
+        path = self.generation.path(file)
+        try:
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+        except RuntimeError as err:
+            raise self.generation._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+
+    def close(self) -> None:
+        """Let go of the build (an `index` run may then remove it once it is no longer current)."""
+        self.generation.close()
+
+    # whole-graph views, for evaluation strategies and tests; the query path never builds them
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        return np.asarray(self._id_column.to_pylist(), dtype=object)
+
+    @functools.cached_property
+    def types(self) -> np.ndarray:
+        return TYPE_LETTERS[self.type_codes]
+
+    @functools.cached_property
+    def texts(self) -> np.ndarray:
+        return np.asarray(self._text_column.to_pylist(), dtype=object)
+
+    @functools.cached_property
+    def rows_by_type(self) -> dict[str, np.ndarray]:
+        return {t: np.flatnonzero(self.type_codes == TYPE_CODE[t]) for t in "TSNRAHO"}
+
+    @functools.cached_property
+    def sentence_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's sentence keys as ids, for `context.fit_budget`."""
+        return self.key_indptr, self.key_ids
+
+    @functools.cached_property
+    def _tables(self) -> tuple[pa.Table, pa.Table]:
+        return (self.generation.table("nodes", ["id", "type"]), self.generation.table("edges"))
+
+    @functools.cached_property
+    def graph(self) -> Graph:
+        return Graph.from_tables(*self._tables)
+
+    @functools.cached_property
+    def _split(self):
+        return split_adjacency(*self._tables)
+
+    @property
+    def structural(self):
+        """The structural edges' adjacency (scipy CSR)."""
+        return self._split[0]
+
+    @property
+    def similar(self):
+        """The similarity (HNSW) share of each pair (scipy CSR)."""
+        return self._split[1]
+
+    @functools.cached_property
+    def scanned_position(self) -> np.ndarray:
+        """Per vector row, its place among the scanned (S, A, H) rows, or -1."""
+        position = np.full(len(self.vectors), -1, dtype=np.int64)
+        position[self.scanned_rows] = np.arange(len(self.scanned_rows))
+        return position
+
+    def id_of(self, rows: np.ndarray) -> list[str]:
+        return self._id_column.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+    def documents_of(self, row: int) -> list[str]:
+        codes = self.doc_codes[self.doc_indptr[row]:self.doc_indptr[row + 1]]
+        return self.document_names.take(pa.array(codes)).to_pylist() if len(codes) else []
+
     # vector side ---------------------------------------------------------------
     def _typed_vectors(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(vector rows, their vectors) of the given node types, gathered once per type set."""
         if types not in self._by_types:
-            rows = np.flatnonzero(np.isin(self.types[self.node_of_vector], list(types)))
+            rows = np.flatnonzero(np.isin(self.type_codes[self.node_of_vector], [TYPE_CODE[t] for t in types]))
             self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows]))
         return self._by_types[types]
-
-    def _build_scan8(self) -> None:
-        """An int8 copy of the S, A and H vectors for the vector side's scan: a quarter of the float32
-        scan's memory traffic, which set its cost. Codes are round(v x scale), one scale for all."""
-        scanned = self.vectors[self.scanned_rows]
-        self.scan8_scale = 127.0 / max(float(np.abs(scanned).max(initial=0.0)), 1e-12)
-        codes = np.rint(scanned * np.float32(self.scan8_scale))  # whole numbers in [-127, 127], exact in float32
-        residual = scanned - codes * np.float32(1 / self.scan8_scale)
-        # float32 rounding of the residual is ~1e-7 of a vector's norm: SCAN8_SLACK covers it
-        self.scan8_error = float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max(initial=0.0)))
-        self.scan8 = faiss.IndexScalarQuantizer(self.vectors.shape[1], faiss.ScalarQuantizer.QT_8bit_direct_signed,
-                                                faiss.METRIC_INNER_PRODUCT)
-        self.scan8.train(codes)
-        self.scan8.add(codes)
 
     def _scan8_top(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The exact top k of the S, A and H vectors by cosine, ties by id, from the int8 scan's best
@@ -260,7 +296,7 @@ class Retriever:
         rounded = np.rint(query64 * scale)
         query_error = float(np.linalg.norm(query64 - rounded / scale))
         wanted = min(SCAN8_CANDIDATES + k, len(self.scanned_rows))
-        estimates, candidates = self.scan8.search(rounded.astype(np.float32)[None, :], wanted)
+        estimates, candidates = self._scan8_index.search(rounded.astype(np.float32)[None, :], wanted)
         candidates = candidates[0]
         exact = inner_products_at(self.vectors, query, self.scanned_rows[candidates])
         order = np.lexsort((candidates, -exact))[:k]
@@ -299,14 +335,13 @@ class Retriever:
         top = top[np.lexsort((top, -scores[top]))][:k]
         return self.node_of_vector[rows[top]], scores[top]
 
-    def transition(self, similarity_weight: float) -> sp.csr_matrix:
-        """P (row-normalised) of structural edges + similarity_weight x similarity edges, built once per weight."""
+    def walk_matrix(self, similarity_weight: float) -> WalkMatrix:
+        """P of structural edges + similarity_weight x similarity edges: the build's own for its
+        configured weight, any other built once per weight from the tables."""
         weight = float(similarity_weight)
-        if weight not in self._transitions:
-            adjacency = (self.structural + weight * self.similar if weight else self.structural).tocsr()
-            self._transitions[weight] = transition(adjacency)
-            self._compact[weight] = compact_transition(adjacency, self._transitions[weight])
-        return self._transitions[weight]
+        if weight not in self._walks:
+            self._walks[weight] = walk_matrix(self.structural, self.similar, weight)
+        return self._walks[weight]
 
     def embed_question(self, question: str) -> np.ndarray:
         return self.embedder.embed_query(question)
@@ -352,7 +387,7 @@ class Retriever:
         exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector)
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
         result = Retrieval(question=question, query_entities=entities, timings=timings)
-        result.entry_points = {"exact": self.ids[exact_rows].tolist(), "vector": self.ids[vector_rows].tolist()}
+        result.entry_points = {"exact": self.id_of(exact_rows), "vector": self.id_of(vector_rows)}
         if len(entries) == 0:
             result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
             return result
@@ -376,12 +411,11 @@ class Retriever:
     def walk(self, entries: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
         """Shallow PPR from the entry points: (support rows sorted, mass); the paper's walk runs as a
         kernel when compiled."""
-        transition_p = self.transition(params.similarity_weight)
+        walk = self.walk_matrix(params.similarity_weight)
         if self.kernels is None or params.ppr_variant != "paper":
-            return shallow_ppr(transition_p, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant)
-        indptr, indices, weights, inverse_degree = self._compact[float(params.similarity_weight)]
-        return self.kernels.ppr_paper(indptr, indices, weights, inverse_degree, np.unique(entries), params.ppr_alpha,
-                                      params.ppr_iterations, np.zeros(transition_p.shape[0]))
+            return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant)
+        return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, np.unique(entries),
+                                      params.ppr_alpha, params.ppr_iterations, np.zeros(walk.n))
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
                query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +460,7 @@ class Retriever:
         if self.kernels is not None:
             quotas = np.array([params.cross_t, params.cross_s, params.cross_a, params.cross_h, params.cross_r], np.int64)
             chosen, scores = self.kernels.select_walk(support, mass, entries, params.ppr_alpha, codes, similarity,
-                                                      relation_similarity, self.leads_to.indptr, self.leads_to.indices,
+                                                      relation_similarity, self.leads_indptr, self.leads_indices,
                                                       quotas, params.cross_a, params.chunk_weight)
             return support[chosen], scores
         is_entry = np.zeros(len(support), dtype=bool)
@@ -451,7 +485,7 @@ class Retriever:
         leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), entities])
         if not len(leaders):
             return np.zeros(0, np.int64)
-        reached = np.unique(self.leads_to.indices[row_entries(self.leads_to.indptr, support[leaders])])
+        reached = np.unique(self.leads_indices[row_entries(self.leads_indptr, support[leaders])])
         return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
@@ -462,11 +496,13 @@ class Retriever:
 
     def _nodes(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """nodes_for with `scores` given per row of `rows`."""
-        order = np.lexsort((rows, -scores, self.context_rank[rows]))
+        codes = self.type_codes[rows]
+        order = np.lexsort((rows, -scores, CONTEXT_RANK[codes]))
         ordered = rows[order]
-        columns = (self.ids[ordered].tolist(), self.types[ordered].tolist(), scores[order].tolist(),
-                   self.texts[ordered].tolist(), ordered.tolist(), self.tokens[ordered].tolist())
-        return [RetrievedNode(node, kind, score, text, list(self.documents[r]), tokens)
+        taken = pa.array(ordered.astype(np.int64))
+        columns = (self._id_column.take(taken).to_pylist(), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
+                   self._text_column.take(taken).to_pylist(), ordered.tolist(), self.tokens[ordered].tolist())
+        return [RetrievedNode(node, kind, score, text, self.documents_of(r), tokens)
                 for node, kind, score, text, r, tokens in zip(*columns, strict=True)]
 
     def answer(self, retrieval: Retrieval) -> Retrieval:

@@ -1,0 +1,160 @@
+"""The last stage: the final node and edge tables, the vector index and every structure the search
+reads, written as a new generation, then made current by one atomic rename of CURRENT.
+
+A generation holds (see `workspace.py` for where it lives):
+- nodes.parquet, edges.parquet: the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
+- documents.parquet: the documents table the build was made from (`chunk.DOCUMENT_SCHEMA`);
+- vectors.faiss: the flat inner-product index; row i is the node whose `vector_row` is i;
+- config.yaml: the config of the build, which `query` and `stats` read;
+- the search's structures (`search/prepare.py`), and manifest.json: each file's size and
+  checksum, the counts `stats` shows, the embedding model and what the search needs beside the
+  arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..config import Config, config_to_yaml
+from ..embeddings import Embedder
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
+from ..search.prepare import prepare
+from ..workspace import Generation, Workspace, WorkspaceError
+from . import similarity_edges
+
+NODE_STAGES = ("decompose", "attributes", "communities", "text")  # the stages that make nodes
+EDGE_STAGES = (*NODE_STAGES, "similarity")
+
+
+def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
+    """Each node's documents, distinct and sorted, through its chunks (a chunk text that two
+    documents share is one chunk of both)."""
+    pairs = chunks.select(["chunk_id", "doc_id"]).sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
+    chunk_of_pair = pairs["chunk_id"].to_numpy(zero_copy_only=False)
+    docs, doc_code = np.unique(pairs["doc_id"].to_numpy(zero_copy_only=False), return_inverse=True)
+    chunk_ids, first, count = np.unique(chunk_of_pair, return_index=True, return_counts=True)
+    lengths = pc.fill_null(pc.list_value_length(chunk_lists), 0).to_numpy()
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    found = pc.index_in(pc.list_flatten(chunk_lists), value_set=pa.array(chunk_ids, pa.string()))
+    known = pc.is_valid(found).to_numpy(zero_copy_only=False)
+    chunk = pc.fill_null(found, 0).to_numpy()[known]
+    owner = np.repeat(owner[known], count[chunk])
+    pair = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
+    codes = np.unique(owner.astype(np.int64) * len(docs) + doc_code[pair])
+    offsets = np.r_[0, np.cumsum(np.bincount(codes // max(len(docs), 1), minlength=len(lengths)))].astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
+
+
+def final_nodes(ws: Workspace, ids: list[str]) -> pa.Table:
+    """The nodes of every stage, sorted by id, with their documents (through their chunks), their
+    community and their row in the vector index."""
+    nodes = pa.concat_tables([ws.read_table(ws.stage_path(s, "nodes.parquet")) for s in NODE_STAGES]).sort_by("id")
+    doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), ws.read_table(ws.stage_path("chunk", "chunks.parquet")))
+    assignments = ws.read_table(ws.stage_path("communities", "assignments.parquet"))
+    community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
+    columns = {name: nodes[name] for name in NODE_COLUMNS}
+    columns["doc_ids"] = doc_ids
+    columns["community"] = pc.fill_null(community, -1).cast(pa.int32())
+    columns["vector_row"] = pc.fill_null(pc.index_in(nodes["id"], value_set=pa.array(ids, pa.string())), -1).cast(pa.int32())
+    return pa.table(columns).cast(NODE_SCHEMA)
+
+
+def counts(nodes: pa.Table, edges: pa.Table) -> dict:
+    """What `stats` shows of a build, computed once here."""
+    by_type = {t: 0 for t in NODE_TYPES}
+    by_type.update({row["type"]: row["type_count"] for row in nodes.group_by("type").aggregate([("type", "count")]).to_pylist()})
+    kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
+    return {"nodes": by_type,
+            "vectors": int(pc.sum(pc.greater_equal(nodes["vector_row"], 0)).as_py() or 0),
+            "edges": {"by_kind": {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])},
+                      "hnsw": int(pc.sum(edges["hnsw"]).as_py() or 0),
+                      "non_hnsw": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
+                      "merged_total": edges.num_rows}}
+
+
+def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Callable[[], None]) -> dict:
+    """Write the build as a new generation and make it current; then remove the generations and
+    the files of the older layout that no reader holds."""
+    ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
+    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    documents = ws.read_table(ws.stage_path("chunk", "documents.parquet"))
+    writer = ws.new_generation()
+    with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges
+        nodes_job = pool.submit(final_nodes, ws, ids)
+        edges = merge_edges([ws.read_table(ws.stage_path(s, "edges.parquet")) for s in EDGE_STAGES])
+        nodes = nodes_job.result()
+        written = [pool.submit(writer.table, "nodes", nodes)]
+        writer.table("edges", edges)
+        writer.table("documents", documents)
+        writer.raw("vectors.faiss", faiss.serialize_index(similarity_edges.flat_index(vectors)).tobytes())
+        writer.raw("config.yaml", config_to_yaml(config).encode())
+        prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight)
+        for name, array in prepared.arrays.items():
+            writer.array(name, array)
+        for name, table in prepared.tables.items():
+            writer.arrow(name, table)
+        for file, data in prepared.raw.items():
+            writer.raw(file, data)
+        for job in written:
+            job.result()
+    built = counts(nodes, edges)
+    writer.commit({"embedding": {"model": embedder.model_id, "dim": embedder.dim,
+                                "vectors": embedder.vector_id},
+                  "counts": built, "query": prepared.meta})
+    before_publish()
+    ws.publish(writer.name)
+    ws.remove_legacy_final()
+    ws.remove_unused_generations()
+    return {"generation": writer.name, "nodes": nodes.num_rows, "edges": edges.num_rows,
+            "hnsw_edges": built["edges"]["hnsw"], "structural_edges": built["edges"]["non_hnsw"]}
+
+
+@contextlib.contextmanager
+def open_current(ws: Workspace) -> Iterator[Generation | None]:
+    """The current build (or one in the layout from before generations), held while in use; None
+    when there is none or it cannot be opened."""
+    try:
+        generation = ws.open_generation()
+    except WorkspaceError:
+        yield None
+        return
+    try:
+        yield generation
+    finally:
+        generation.close()
+
+
+def current_manifest(ws: Workspace) -> dict | None:
+    with open_current(ws) as generation:
+        return None if generation is None or generation.legacy else generation.manifest
+
+
+def current_contents(ws: Workspace) -> str | None:
+    """The contents digest of the current generation when every file matches its checksum, else
+    None (no build, a build of the older layout, or a damaged file): the assemble stage's
+    outputs digest."""
+    with open_current(ws) as generation:
+        if generation is None or generation.legacy or generation.verify():
+            return None
+        return generation.manifest["contents"]
+
+
+def built_documents(ws: Workspace, columns: list[str]) -> pa.Table | None:
+    """The documents table of the last complete build, or None."""
+    with open_current(ws) as generation:
+        if generation is None:
+            return None
+        if generation.legacy:
+            path = ws.legacy_path("stages/similarity.documents.parquet")
+            return ws.read_table(path, columns) if path.is_file() else None
+        try:
+            return generation.table("documents", columns)
+        except WorkspaceError:
+            return None

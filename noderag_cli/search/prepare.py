@@ -1,0 +1,176 @@
+"""What the search reads, derived from a build's final tables once, at index time.
+
+Every structure here is written into the build's generation by the last indexing stage
+(`index/assemble.py`) as flat arrays (`.npy`), Arrow IPC files and a faiss index, and a query
+process opens them by memory mapping (`search/retriever.py`): opening costs the same at any
+size, and a question reads only the pages it touches. A workspace from before generations is
+read by deriving the same structures in memory (`prepare` on its tables).
+
+| name | what |
+|---|---|
+| node_text (arrow) | id and text per node, in node order (= id order) |
+| type_codes | per node, its type as `TYPE_CODE` (int8) |
+| tokens | per node, tokens of its text (int32) |
+| vector_of_node | per node, its row in vectors.faiss or -1 (int32) |
+| node_of_vector, scanned_rows | per vector, its node; the vector rows of the S, A, H nodes |
+| scan8.faiss | an int8 copy of the S, A, H vectors (`scan8` in the manifest: scale, rounding error) |
+| walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
+| leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
+| key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
+| doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
+| name_* and name_keys (arrow) | the name index of the N and O nodes (`entry.NameIndex`) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..graph import Graph
+from . import context
+from .entry import NameIndex
+from .ppr import WalkMatrix
+
+TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
+MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
+SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
+IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
+WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
+
+
+@dataclass
+class Prepared:
+    """The derived structures of one build, in memory: what a generation holds on disk."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # written as Arrow IPC
+    raw: dict[str, bytes] = field(default_factory=dict)  # other files, by file name
+    meta: dict = field(default_factory=dict)
+
+    def array(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def arrow(self, name: str) -> pa.Table:
+        return self.tables[name]
+
+
+def similarity_share(edges: pa.Table) -> pa.Table:
+    """The similarity part of each edge: weight 1 on every pair the similarity stage added (a row of
+    kind "similarity", or a structural pair it also found, whose weight it raised by 1), none elsewhere."""
+    table = edges.filter(edges["hnsw"])
+    return table.set_column(table.schema.get_field_index("weight"), "weight",
+                            pa.array(np.ones(table.num_rows, np.float32)))
+
+
+def split_adjacency(nodes: pa.Table, edges: pa.Table):
+    """(structural, similar): the adjacency split in two, structural edges and the similarity
+    (HNSW) share of each pair, so the walk can weigh similarity edges by search.similarity_weight
+    without re-indexing. scipy CSR matrices."""
+    graph = Graph.from_tables(nodes, edges)
+    similar = Graph.from_tables(nodes, similarity_share(edges)).adjacency
+    structural = (graph.adjacency - similar).tocsr()
+    structural.eliminate_zeros()
+    return structural, similar
+
+
+def walk_matrix(structural, similar, weight: float) -> WalkMatrix:
+    """P of structural edges + weight x similarity edges."""
+    adjacency = (structural + weight * similar if weight else structural).tocsr()
+    return WalkMatrix.from_adjacency(adjacency)
+
+
+def type_codes_of(types: pa.Array) -> np.ndarray:
+    codes = np.zeros(len(types), dtype=np.int8)
+    letters = np.asarray(types.to_numpy(zero_copy_only=False), dtype="<U1")
+    for node_type, code in TYPE_CODE.items():
+        codes[letters == node_type] = code
+    return codes
+
+
+def scan8(vectors: np.ndarray) -> tuple[faiss.Index, float, float]:
+    """An int8 copy of the given vectors for the vector side's scan: a quarter of the float32
+    scan's memory traffic, which set its cost. Codes are round(v x scale), one scale for all;
+    returned with the scale and the largest vector's rounding error (`Retriever._scan8_top`)."""
+    scale = 127.0 / max(float(np.abs(vectors).max(initial=0.0)), 1e-12)
+    codes = np.rint(vectors * np.float32(scale))  # whole numbers in [-127, 127], exact in float32
+    residual = vectors - codes * np.float32(1 / scale)
+    # float32 rounding of the residual is ~1e-7 of a vector's norm: SCAN8_SLACK covers it
+    error = float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max(initial=0.0)))
+    index = faiss.IndexScalarQuantizer(vectors.shape[1], faiss.ScalarQuantizer.QT_8bit_direct_signed,
+                                       faiss.METRIC_INNER_PRODUCT)
+    index.train(codes)
+    index.add(codes)
+    return index, scale, error
+
+
+def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Per node, the paths of its documents, sorted (a document id missing from the table shows
+    as itself), as CSR (indptr int64, codes int32) into a sorted array of the distinct paths."""
+    flat = pc.list_flatten(doc_ids)
+    lengths = pc.fill_null(pc.list_value_length(doc_ids), 0).to_numpy()
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    found = pc.index_in(flat, value_set=documents["doc_id"].combine_chunks())
+    paths = documents["path"].combine_chunks()
+    shown = pc.if_else(pc.is_null(found), flat, pc.take(paths, pc.fill_null(found, 0)))
+    names = pc.unique(shown)
+    names = names.take(pc.array_sort_indices(names))  # byte order of UTF-8 = Python's string order
+    codes = pc.index_in(shown, value_set=names).to_numpy(zero_copy_only=False).astype(np.int32)
+    order = np.lexsort((codes, owner))
+    indptr = np.r_[0, np.cumsum(lengths, dtype=np.int64)].astype(np.int64)
+    return indptr, codes[order], names
+
+
+def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
+            similarity_weight: float) -> Prepared:
+    """Every structure the search reads, from the final nodes (sorted by id), edges and documents
+    tables and the vectors (row i = `vector_row` i)."""
+    out = Prepared()
+    nodes = nodes.combine_chunks()
+    n = nodes.num_rows
+    codes = type_codes_of(nodes["type"])
+    out.arrays["type_codes"] = codes
+    out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
+    vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
+    out.arrays["vector_of_node"] = vector_row
+    out.tables["node_text"] = pa.table({"id": nodes["id"], "text": nodes["text"]})
+
+    embedded = np.flatnonzero(vector_row >= 0)
+    node_of_vector = np.empty(len(embedded), dtype=np.int64)
+    node_of_vector[vector_row[embedded]] = embedded
+    out.arrays["node_of_vector"] = node_of_vector
+    scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
+    out.arrays["scanned_rows"] = scanned_rows
+    index, scale, error = scan8(vectors[scanned_rows])
+    out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
+    out.meta["scan8"] = {"scale": scale, "error": error}
+
+    structural, similar = split_adjacency(nodes, edges)
+    walk = walk_matrix(structural, similar, similarity_weight)
+    for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights, walk.inverse), strict=True):
+        out.arrays[name] = array
+    out.meta["walk_similarity_weight"] = float(similarity_weight)
+    # the structural edges that end in an A or H node: what an entity or overview leads to
+    ends_led = IS_LED[codes[structural.indices]]
+    counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
+    out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
+
+    retrievable = codes <= MAX_RETRIEVABLE_CODE
+    key_indptr, key_ids, key_count = context.sentence_key_ids(nodes["text"].to_pylist(), retrievable.tolist())
+    out.arrays["key_indptr"], out.arrays["key_ids"] = key_indptr, key_ids
+    out.meta["sentence_keys"] = key_count
+
+    doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
+    out.arrays["doc_indptr"], out.arrays["doc_codes"] = doc_indptr, doc_codes
+    out.tables["document_names"] = pa.table({"path": names})
+
+    named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
+    name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
+    arrays, keys = NameIndex.arrays(name_texts.to_pylist(), named)
+    out.arrays.update(arrays)
+    out.tables["name_keys"] = pa.table({"key": keys})
+    return out
