@@ -176,8 +176,13 @@ class Cache:
         self.read_only = read_only
         self._lock = threading.Lock()
         if read_only:
-            self._db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False,
-                                       isolation_level=None)
+            # immutable: SQLite creates no -wal/-shm file and takes no lock, which is right only when
+            # every write is in the main file; a -wal with content (a writer running, or killed) is
+            # read with ordinary read-only locking, through the -shm beside it
+            wal = Path(f"{path}-wal")
+            pending = wal.is_file() and wal.stat().st_size > 0
+            self._db = sqlite3.connect(f"file:{path}?mode=ro{'' if pending else '&immutable=1'}", uri=True,
+                                       check_same_thread=False, isolation_level=None)
             return
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -191,7 +196,12 @@ class Cache:
             for start in range(0, len(keys), 900):
                 part = keys[start : start + 900]
                 marks = ",".join("?" * len(part))
-                rows = self._db.execute(f"SELECT key, value FROM kv WHERE ns=? AND key IN ({marks})", [ns, *part])
+                try:
+                    rows = self._db.execute(f"SELECT key, value FROM kv WHERE ns=? AND key IN ({marks})", [ns, *part])
+                except sqlite3.DatabaseError:
+                    if not self.read_only:
+                        raise
+                    return {}  # a read-only look-up that cannot be answered only misses the cache
                 found.update(rows.fetchall())
         return found
 

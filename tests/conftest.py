@@ -59,20 +59,28 @@ def assert_one_line_error(run: Run, *fragments: str) -> None:
         assert fragment in errors[0], errors[0]
 
 
+def build_file(workspace: Path, name: str) -> Path:
+    """A file of the workspace's current build (the generation CURRENT names)."""
+    return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
+
+
 def read_bytes(workspace: Path, names=FINAL_TABLES) -> dict[str, bytes]:
-    return {name: (workspace / name).read_bytes() for name in names}
+    """Files by name: the final tables from the current build, anything else from the workspace folder."""
+    return {name: (build_file(workspace, name) if name in FINAL_TABLES else workspace / name).read_bytes()
+            for name in names}
 
 
 def assert_same_tables(a: Path, b: Path) -> None:
     """The node and edge tables of two workspaces are equal, row for row, and byte-identical files."""
     for name in FINAL_TABLES:
-        ta, tb = pq.read_table(a / name), pq.read_table(b / name)
+        ta, tb = pq.read_table(build_file(a, name)), pq.read_table(build_file(b, name))
         if not ta.equals(tb):
             ra = set(map(lambda r: json.dumps(r, sort_keys=True), ta.to_pylist()))
             rb = set(map(lambda r: json.dumps(r, sort_keys=True), tb.to_pylist()))
             pytest.fail(f"{name} differ: {len(ra - rb)} rows only in {a}, {len(rb - ra)} only in {b}; "
                         f"e.g. {sorted(ra - rb)[:2]} vs {sorted(rb - ra)[:2]}")
-        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name}: equal tables but different bytes"
+        assert build_file(a, name).read_bytes() == build_file(b, name).read_bytes(), \
+            f"{name}: equal tables but different bytes"
 
 
 def manifest(workspace: Path) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import noderag
+from conftest import build_file, noderag
 
 from noderag_cli import api
 from noderag_cli.evaluate import ablate, baselines
@@ -53,7 +53,7 @@ def questions() -> list[Question]:
 def test_every_strategy_returns_well_formed_results_within_budget(setup, questions, name):
     strategy = STRATEGIES[name].build(setup)
     retriever = setup.retriever
-    paths = set(retriever.doc_path.values())
+    paths = set(retriever.document_names.to_pylist())
     reached = 0
     for budget in (150, 1200):
         for item in questions[:6]:
@@ -107,7 +107,7 @@ def test_similarity_weight_zero_walks_the_graph_without_similarity_edges(workspa
     from noderag_cli.search.ppr import transition
 
     retriever = setup.retriever
-    edges = pq.read_table(workspace / "edges.parquet")
+    edges = pq.read_table(build_file(workspace, "edges.parquet"))
     nodes = pa.table({"id": pa.array(retriever.ids.tolist()), "type": pa.array(retriever.types.tolist())})
     structural = edges.filter(pc.not_equal(edges["kind"], "similarity"))
     weight = pc.subtract(structural["weight"], structural["hnsw"].cast(pa.float32()))
@@ -115,9 +115,9 @@ def test_similarity_weight_zero_walks_the_graph_without_similarity_edges(workspa
     structural = structural.filter(pc.greater(structural["weight"], 0))
     assert edges.num_rows > structural.num_rows  # the sample graph has similarity edges
     without = transition(Graph.from_tables(nodes, structural).adjacency)
-    assert abs(retriever.transition(0.0) - without).max() == 0
-    assert abs(retriever.transition(1.0) - transition(retriever.graph.adjacency)).max() < 1e-15
-    assert retriever.transition(0.0) is retriever.transition(0.0)  # built once per weight
+    assert abs(retriever.walk_matrix(0.0).as_csr() - without).max() == 0
+    assert abs(retriever.walk_matrix(1.0).as_csr() - transition(retriever.graph.adjacency)).max() < 1e-15
+    assert retriever.walk_matrix(1.0) is retriever.walk_matrix(1.0)  # built once per weight
     no_hnsw, default = STRATEGIES["no-hnsw"].build(setup), STRATEGIES["noderag"].build(setup)
     with_hnsw = _search(retriever, similarity_weight=1.0)
     question = "Which company built the steamer that rescued 41 sailors during the Great Storm of 1871?"
@@ -201,7 +201,7 @@ def _rows_without_latency(rows):
 
 
 def test_cli_writes_table_json_and_plot_and_two_runs_agree(workspace, tmp_path):
-    before = (workspace / "nodes.parquet").stat().st_mtime_ns, (workspace / "manifest.json").read_bytes()
+    before = build_file(workspace, "nodes.parquet").stat().st_mtime_ns, (workspace / "manifest.json").read_bytes()
     runs = []
     for name in ("one", "two"):
         done = noderag("ablate", str(workspace), "--questions", str(QUESTIONS_FILE), "--variants", FAST,
@@ -221,7 +221,7 @@ def test_cli_writes_table_json_and_plot_and_two_runs_agree(workspace, tmp_path):
     for row in documents[0]["rows"]:
         assert row["mean_context_tokens"] <= row["budget"]
         assert 0 <= row["answer_containment"] <= 1 and 0 <= row["support_recall"] <= 1
-    assert before == ((workspace / "nodes.parquet").stat().st_mtime_ns, (workspace / "manifest.json").read_bytes())
+    assert before == (build_file(workspace, "nodes.parquet").stat().st_mtime_ns, (workspace / "manifest.json").read_bytes())
 
 
 def _one_line_error(done: subprocess.CompletedProcess, code: int, *needles: str) -> None:

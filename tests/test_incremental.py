@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLE_CORPUS, assert_same_tables, copy_workspace, index, noderag
+from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
 
 from noderag_cli.graph import document_id, entity_id
-from noderag_cli.index.pipeline import STAGES
+from noderag_cli.index.pipeline import STAGE_NAMES as STAGES
 
 NEW_DOCUMENT = """# The Korven Institute
 
@@ -50,7 +50,7 @@ def vectors_computed(run, stage: str | None = None) -> int:
 
 
 def embedded_texts(workspace: Path, types: str) -> set[str]:
-    nodes = pq.read_table(workspace / "nodes.parquet", columns=["type", "text"]).to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet"), columns=["type", "text"]).to_pylist()
     return {n["text"] for n in nodes if n["type"] in types}
 
 
@@ -121,7 +121,7 @@ def test_add_document(base, tmp_path):
     new_texts = embedded_texts(workspace, "TSAH") - before
     assert vectors_computed(run) <= len(new_texts) + len(embedded_texts(workspace, "R"))
     assert vectors_computed(run) < 0.1 * len(embedded_texts(workspace, "TSAHR"))
-    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
     added = document_id("institutes/korven_institute.md")
     assert any(n["type"] == "T" and n["doc_ids"] == [added] for n in nodes)
     assert entity_id("Korven Institute") in {n["id"] for n in nodes}
@@ -130,13 +130,13 @@ def test_add_document(base, tmp_path):
 
 def test_change_document(base, tmp_path):
     corpus, workspace = working_copy(base, tmp_path)
-    old_units = {n["text"] for n in pq.read_table(workspace / "nodes.parquet").to_pylist()
+    old_units = {n["text"] for n in pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
                  if n["type"] == "S" and document_id("tobias_renning.txt") in n["doc_ids"]}
     edit(corpus / "tobias_renning.txt", "roughly 80% over 2.5 years", "roughly 75% over three years")
     run = index(workspace, corpus)
     assert run.json()["documents"]["changed"] == 1
     assert stage_info(run)["decompose"]["decomposed"] == 1
-    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
     texts = {n["text"] for n in nodes}
     assert not any("80%" in t for t in texts), "text of the old version survived"
     assert any("75% over three years" in t for t in texts)
@@ -156,7 +156,7 @@ def test_rename_document_costs_no_decomposition_and_no_vectors(base, tmp_path):
     assert vectors_computed(run) == 0
     # the graph's content did not change, only provenance: the content stages are skipped
     assert all(info[s]["skipped"] for s in ("attributes", "communities", "embed")), info
-    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
     old, new = document_id("greyling_medal.md"), document_id("archive/greyling_medal.md")
     assert not any(old in n["doc_ids"] for n in nodes)
     assert any(new in n["doc_ids"] for n in nodes)
@@ -166,7 +166,7 @@ def test_rename_document_costs_no_decomposition_and_no_vectors(base, tmp_path):
 def test_delete_document_removes_everything_derived_from_it(base, tmp_path):
     corpus, workspace = working_copy(base, tmp_path)
     gone = document_id("greyling_medal.md")
-    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
     only_there = {n["id"] for n in nodes if n["doc_ids"] == [gone]}
     assert {i[0] for i in only_there} >= {"T", "S", "N", "R"}
     hit = noderag("query", workspace, QUESTION, "--json", "--context-only")
@@ -175,11 +175,11 @@ def test_delete_document_removes_everything_derived_from_it(base, tmp_path):
     (corpus / "greyling_medal.md").unlink()
     run = index(workspace, corpus)
     assert run.json()["documents"]["deleted"] == 1
-    nodes = pq.read_table(workspace / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet")).to_pylist()
     assert not any(gone in n["doc_ids"] for n in nodes)
     ids = {n["id"] for n in nodes}
     assert not only_there & ids, "nodes derived only from the deleted document survived"
-    edges = pq.read_table(workspace / "edges.parquet").to_pylist()
+    edges = pq.read_table(build_file(workspace, "edges.parquet")).to_pylist()
     assert not any(e["source"] in only_there or e["target"] in only_there for e in edges)
     answer = noderag("query", workspace, QUESTION, "--json", "--context-only")
     assert answer.returncode == 0, answer.stderr
@@ -200,7 +200,8 @@ def test_sequence_of_changes_equals_fresh_builds(base, round_one_fresh, tmp_path
     assert plan["changes"]["renamed"] == ["river_orlen.txt -> places/river_orlen.txt"]
     assert plan["changes"]["deleted"] == ["wenna_caddick.txt"]
     assert plan["chunks"] == {"in_changed_documents": 4, "to_decompose": 3}  # the renamed chunk is cached
-    assert plan["stages"]["chunk"] == "re-run: documents changed"
+    assert plan["stages"]["chunk"] == "run: the input folder changed"
+    assert plan["stages"]["decompose"] == "run: its inputs may change (cached work is reused)"
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in workspace.rglob("*") if p.is_file()} == files_before
 
     run = index(workspace, corpus)
@@ -241,6 +242,7 @@ def test_kill_during_an_update_and_resume(base, round_one_fresh, tmp_path):
     assert killed.returncode == -signal.SIGKILL
     resumed = index(workspace, corpus)
     info = stage_info(resumed)
-    assert all(info[s]["skipped"] for s in STAGES[:-1]) and not info["similarity"]["skipped"]
+    assert all(info[s]["skipped"] for s in STAGES[:-2]) and not info["similarity"]["skipped"]
+    assert not info["assemble"]["skipped"]
     assert_same_tables(workspace, round_one_fresh[1])
     assert noderag("stats", workspace, "--json").json()["documents"]["by_status"] == {"indexed": 18}

@@ -24,6 +24,7 @@ from conftest import (
     SAMPLE_CORPUS,
     assert_one_line_error,
     assert_same_tables,
+    build_file,
     copy_workspace,
     index,
     manifest,
@@ -32,7 +33,7 @@ from conftest import (
 )
 
 from noderag_cli.graph import EDGE_COLUMNS, EDGE_KINDS, NODE_COLUMNS, NODE_TYPES, entity_id
-from noderag_cli.index.pipeline import STAGES
+from noderag_cli.index.pipeline import STAGE_NAMES as STAGES
 from noderag_cli.workspace import Workspace
 
 STRUCTURAL = [k for k in EDGE_KINDS if k != "similarity"]
@@ -52,8 +53,8 @@ def without_dac_override() -> list[str]:
 
 
 def test_all_node_types_and_edge_kinds_present(built):
-    nodes = pq.read_table(built / "nodes.parquet")
-    edges = pq.read_table(built / "edges.parquet")
+    nodes = pq.read_table(build_file(built, "nodes.parquet"))
+    edges = pq.read_table(build_file(built, "edges.parquet"))
     assert nodes.column_names == NODE_COLUMNS
     assert edges.column_names == EDGE_COLUMNS
     types = nodes["type"].to_pylist()
@@ -80,8 +81,8 @@ def test_all_node_types_and_edge_kinds_present(built):
 
 def test_node_ids_are_content_hashes_stable_across_runs(built, built_again):
     assert_same_tables(built, built_again)
-    assert (built / "vectors.faiss").read_bytes() == (built_again / "vectors.faiss").read_bytes()
-    ids = set(pq.read_table(built / "nodes.parquet", columns=["id"])["id"].to_pylist())
+    assert build_file(built, "vectors.faiss").read_bytes() == build_file(built_again, "vectors.faiss").read_bytes()
+    ids = set(pq.read_table(build_file(built, "nodes.parquet"), columns=["id"])["id"].to_pylist())
     assert entity_id("Greyling Medal") in ids  # the id a fresh process computes for the name
     assert entity_id("the Greyling Medal's") == entity_id("greyling  medal")
 
@@ -97,21 +98,30 @@ def test_workspace_layout(built):
     for stage in STAGES:
         entry = state["stages"][stage]
         assert entry["state"] == "done" and len(entry["fingerprint"]) == 32 and len(entry["outputs"]) == 32
-    documents = pq.read_table(built / "documents.parquet")
+    documents = pq.read_table(build_file(built, "documents.parquet"))
+    assert documents.equals(pq.read_table(built / "stages" / "chunk.documents.parquet"))  # the latest scan, built
     assert documents.column_names == ["doc_id", "path", "title", "content_hash", "bytes", "status", "reason", "chunks"]
     paths = documents["path"].to_pylist()
     assert "history/dunholt.txt" in paths and "greyling_medal.md" in paths  # recursive, .txt and .md
     assert not any(p.endswith(".jsonl") for p in paths)
     # the faiss index: row i is the node whose vector_row is i, T/S/A/H only
-    nodes = pq.read_table(built / "nodes.parquet").to_pylist()
-    index = faiss.read_index(str(built / "vectors.faiss"))
+    nodes = pq.read_table(build_file(built, "nodes.parquet")).to_pylist()
+    index = faiss.read_index(str(build_file(built, "vectors.faiss")))
     embedded = sorted((n for n in nodes if n["vector_row"] >= 0), key=lambda n: n["vector_row"])
     assert [n["vector_row"] for n in embedded] == list(range(index.ntotal))
     assert {n["type"] for n in embedded} == {"T", "S", "A", "H"}
     assert all(n["vector_row"] == -1 for n in nodes if n["type"] in ("N", "R", "O"))
     log = (built / "noderag.log").read_text()
-    assert "stage similarity done" in log and "run finished" in log
+    assert "stage assemble done" in log and "run finished" in log
     assert not list(built.rglob("*.tmp"))
+    # one generation, named by CURRENT; its manifest lists every file in it with size and checksum
+    generation = build_file(built, "")
+    assert [p.name for p in (built / "generations").iterdir()] == [generation.name]
+    listed = json.loads((generation / "manifest.json").read_text())["files"]
+    present = {p.name for p in generation.iterdir()} - {"manifest.json", ".readers"}
+    assert set(listed) == present and {"nodes.parquet", "edges.parquet", "vectors.faiss", "config.yaml"} <= present
+    assert all(listed[name]["bytes"] == (generation / name).stat().st_size for name in listed)
+    assert not any((built / name).exists() for name in ("nodes.parquet", "edges.parquet", "vectors.faiss"))
 
 
 def test_index_prints_progress_and_summary(built):
@@ -128,8 +138,8 @@ def test_stats_json_reports_everything(built):
     report = noderag("stats", built, "--json")
     assert report.returncode == 0, report.stderr
     data = report.json()
-    nodes = pq.read_table(built / "nodes.parquet", columns=["type", "vector_row"])
-    edges = pq.read_table(built / "edges.parquet", columns=["kind", "hnsw"])
+    nodes = pq.read_table(build_file(built, "nodes.parquet"), columns=["type", "vector_row"])
+    edges = pq.read_table(build_file(built, "edges.parquet"), columns=["kind", "hnsw"])
     types = nodes["type"].to_pylist()
     assert data["nodes"] == {t: types.count(t) for t in NODE_TYPES}
     kinds = edges["kind"].to_pylist()
@@ -143,7 +153,8 @@ def test_stats_json_reports_everything(built):
                                "model": "wordllama:l2_supercat:256"}
     assert list(data["stages"]) == list(STAGES)
     assert all(data["stages"][s]["state"] == "done" and data["stages"][s]["seconds"] >= 0 for s in STAGES)
-    assert data["files"]["nodes.parquet"] == (built / "nodes.parquet").stat().st_size
+    assert data["generation"] == (built / "CURRENT").read_text().strip()
+    assert data["files"][f"generations/{data['generation']}/nodes.parquet"] == build_file(built, "nodes.parquet").stat().st_size
     assert data["documents"]["by_status"] == {"indexed": 17}
     assert "llm" in data and isinstance(data["llm"], dict)
 
@@ -174,9 +185,9 @@ def test_changed_setting_reruns_its_stage_and_later_ones(built, tmp_path):
     config.write_text("similarity:\n  neighbours: 16\n")
     result = index(workspace, SAMPLE_CORPUS, "--config", config).json()
     ran = {s for s in STAGES if not result["stages"][s]["skipped"]}
-    assert ran == {"similarity"}
+    assert ran == {"similarity", "assemble"}
     assert yaml.safe_load((workspace / "config.yaml").read_text())["similarity"]["neighbours"] == 16
-    assert (workspace / "edges.parquet").read_bytes() != (built / "edges.parquet").read_bytes()
+    assert build_file(workspace, "edges.parquet").read_bytes() != build_file(built, "edges.parquet").read_bytes()
 
     config.write_text("similarity:\n  neighbours: 16\ngraph:\n  seed: 7\n")
     result = index(workspace, SAMPLE_CORPUS, "--config", config).json()
@@ -310,7 +321,7 @@ def test_bad_files_are_skipped_with_one_line_each(tmp_path):
 
 def test_input_folder_problems_stop_cleanly_and_keep_the_workspace(built, tmp_path):
     workspace = copy_workspace(built, tmp_path / "ws")
-    before = {**read_bytes(workspace), **read_bytes(workspace, ["manifest.json", "documents.parquet"])}
+    before = {**read_bytes(workspace), **read_bytes(workspace, ["manifest.json", "stages/chunk.documents.parquet"])}
     only_bad = tmp_path / "only-bad"
     only_bad.mkdir()
     (only_bad / "image.md").write_bytes(b"\x00\x01\x02")
@@ -323,7 +334,7 @@ def test_input_folder_problems_stop_cleanly_and_keep_the_workspace(built, tmp_pa
     for folder, message in cases:
         run = index(workspace, folder, expect=2)
         assert_one_line_error(run, message)
-    assert {**read_bytes(workspace), **read_bytes(workspace, ["manifest.json", "documents.parquet"])} == before
+    assert {**read_bytes(workspace), **read_bytes(workspace, ["manifest.json", "stages/chunk.documents.parquet"])} == before
     answer = noderag("query", workspace, "Who founded the Sound Maritime Society?", "--context-only", "--json")
     assert answer.returncode == 0 and json.loads(answer.stdout)["nodes"]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import build_file
 from llm_support.fault_server import _task_of
 from test_llm_engine import llama_server, proxy  # noqa: F401  (fixtures: the real server and its counting proxy)
 
@@ -62,7 +63,7 @@ def test_index_through_litellm_is_validated_accounted_and_cached(proxy, tmp_path
     assert stages["decompose"]["llm"]["calls"] >= 1
 
     # whatever was stored is well-formed; failures are counted, not stored
-    nodes = pq.read_table(ws / "nodes.parquet").to_pylist()
+    nodes = pq.read_table(build_file(ws, "nodes.parquet")).to_pylist()
     assert {n["type"] for n in nodes} >= {"T"}
     assert all(n["text"].strip() for n in nodes)
     failures = pq.read_table(ws / "stages" / "decompose.failures.parquet").to_pylist()

@@ -82,7 +82,7 @@ def test_similarity_weight_is_a_per_call_setting_of_the_walk(session):
         walked = [n.id for n in session.retrieve(item["question"], paper).nodes]
         differs += default != walked
     assert differs
-    assert retriever.transition(0.0).nnz < retriever.transition(1.0).nnz
+    assert len(retriever.walk_matrix(0.0).indices) < len(retriever.walk_matrix(1.0).indices)
 
 
 def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
@@ -99,7 +99,7 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
         query = r.embed_question(item["question"])
         exact, vector, _, _ = r.entry_points(item["question"], params, query)
         entries = np.union1d(exact, vector).astype(np.int64)
-        support, mass = shallow_ppr(r.transition(params.similarity_weight), entries, params.ppr_alpha,
+        support, mass = shallow_ppr(r.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
                                     params.ppr_iterations)
         rows, scores = r.select(support, mass, entries, params, query, r.similarities(query))
         walk = dict(zip(support.tolist(), mass.tolist(), strict=True))

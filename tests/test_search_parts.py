@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from noderag_cli.search.context import fit_budget, sentence_keys, top_per_group
+from noderag_cli.search.context import fit_budget, sentence_key_ids, sentence_keys, top_per_group
 from noderag_cli.search.entry import NameIndex
-from noderag_cli.search.ppr import shallow_ppr, transition
+from noderag_cli.search.ppr import WalkMatrix, shallow_ppr, transition
 
 
 def dense_ppr(adjacency: np.ndarray, entries, alpha: float, iterations: int, variant: str) -> np.ndarray:
@@ -31,7 +31,7 @@ def test_shallow_ppr_equals_the_formula(variant, iterations):
     upper = np.triu(rng.random((60, 60)) * (rng.random((60, 60)) < 0.08), 1)
     adjacency = upper + upper.T
     entries = np.array([3, 17, 42])
-    support, mass = shallow_ppr(transition(sp.csr_matrix(adjacency)), entries, 0.5, iterations, variant)
+    support, mass = shallow_ppr(WalkMatrix.from_adjacency(sp.csr_matrix(adjacency)), entries, 0.5, iterations, variant)
     got = np.zeros(60)
     got[support] = mass
     np.testing.assert_allclose(got, dense_ppr(adjacency, entries, 0.5, iterations, variant), atol=1e-12)
@@ -67,25 +67,25 @@ def test_budget_is_never_exceeded_and_repeated_statements_are_skipped():
                       "Edda Marrow: She was born on Skarra.", "x" * 10], dtype=object)
     tokens = np.array([10, 12, 9, 50])
     rows = np.arange(4)
-    kept = fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, 40, texts)
+    key_indptr, key_ids, count = sentence_key_ids(texts.tolist(), [True] * 4)
+    assert count == 3 and key_ids[key_indptr[0]:key_indptr[1]].tolist() == [0]  # row 1 shares row 0's key
+    keys = (key_indptr, key_ids)
+    kept = fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, 40, keys)
     assert kept.tolist() == [0, 2]  # row 1 repeats row 0's sentence: skipped; row 3 would overflow
-    kept = fit_budget(np.array([1, 0]), np.array([0.9, 0.8]), tokens, 40, texts)
+    kept = fit_budget(np.array([1, 0]), np.array([0.9, 0.8]), tokens, 40, keys)
     assert kept.tolist() == [1]  # row 0's only sentence is already in row 1
-    keys = [sentence_keys(t) for t in texts]
-    for budget in (5, 19, 21, 40, 100):  # precomputed keys and texts give the same context
-        assert fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, budget, keys=keys).tolist() == \
-            fit_budget(rows, np.array([0.9, 0.8, 0.7, 0.6]), tokens, budget, texts).tolist()
     assert fit_budget(rows, np.array([0.6, 0.7, 0.8, 0.9]), tokens, 21).tolist() == [2, 1]  # no dedupe: 9 + 12
     assert sentence_keys("A: B: Some statement here. Another one here!") == {"some statement here.", "another one here!"}
 
 
 def test_names_match_longest_first_whole_words_and_fold_diacritics():
-    names = ["Summer Olympics", "Summer", "Olympics", "Aschenbrödel", "Ten", "Nobel Prize"]
-    index = NameIndex(names, np.arange(len(names)))
+    names = ["Summer Olympics", "Summer", "Olympics", "Aschenbrödel", "Ten", "Nobel Prize", "the Nobel Prize's"]
+    index = NameIndex.build(names, np.arange(len(names)))
     assert index.match("the 1920 Summer Olympics") == [0]
     assert index.match("Who wrote Aschenbrodel?") == [3]
     assert index.match("a tenant", require_capital=True) == []  # "ten" is not a whole word here
-    assert index.match("the Nobel Prize's history") == [5]
+    assert index.match("the Nobel Prize's history") == [5, 6]  # one name, two nodes
+    assert index.match("Olympics and Summer") == [2, 1]
     assert index.match("summer is warm", require_capital=True) == []  # lower-case one-word n-gram
 
 
@@ -97,19 +97,22 @@ def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
 @pytest.mark.parametrize("integer", [True, False])
 def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
     from noderag_cli.search import kernels
-    from noderag_cli.search.retriever import compact_transition
 
     rng = np.random.default_rng(11)
     for trial in range(40):  # sparse and dense graphs: the kernel gathers a step's support both ways
         n = int(rng.integers(5, 400))
         adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer)
         p_matrix = transition(adjacency)
-        indptr, indices, weights, inverse = compact_transition(adjacency, p_matrix)
+        walk = WalkMatrix.from_adjacency(adjacency)
+        indptr, indices, weights, inverse = walk.indptr, walk.indices, walk.weights, walk.inverse
         assert (weights.dtype == np.uint8) == integer  # whole-number weights travel as bytes
+        # the compact form is P: the same entries in the same order, the same bits
+        assert np.array_equal(walk.as_csr().indices, p_matrix.indices)
+        assert np.array_equal(walk.as_csr().data, p_matrix.data)
         entries = np.unique(rng.integers(0, n, int(rng.integers(1, 6))))
         iterations = int(rng.integers(0, 5))
         alpha = float(rng.choice([0.15, 0.5, 0.85]))
-        expected = shallow_ppr(p_matrix, entries, alpha, iterations)
+        expected = shallow_ppr(walk, entries, alpha, iterations)
         scratch = np.zeros(n)
         support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch)
         assert np.array_equal(support, expected[0]), trial
@@ -134,5 +137,5 @@ def test_the_budget_kernel_equals_fit_budget():
         key_ids = np.array([key_id[k] for ks in keys for k in sorted(ks)], np.int64)
         shown = np.zeros(len(vocabulary), bool)
         got = kernels.fit_budget(rows[np.lexsort((rows, -priority))], tokens, budget, key_indptr, key_ids, shown)
-        assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=keys).tolist()
+        assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids)).tolist()
         assert not shown.any()

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from ..embeddings import Embedder
@@ -153,10 +152,8 @@ class GraphSide:
     def __init__(self, setup: Setup):
         retriever = self.retriever = setup.retriever
         n = len(retriever.ids)
-        edges = pq.read_table(setup.workspace / "edges.parquet", columns=["source", "target", "kind"]).to_pydict()
-        nodes = pq.read_table(setup.workspace / "nodes.parquet", columns=["id", "community"]).to_pydict()
-        if nodes["id"] != retriever.ids.tolist():
-            raise RuntimeError("workspace tables changed while it was open; open it again")
+        edges = retriever.generation.table("edges", ["source", "target", "kind"]).to_pydict()
+        nodes = retriever.generation.table("nodes", ["id", "community"]).to_pydict()
         self.community = np.asarray(nodes["community"], dtype=np.int64)
         index_of = retriever.graph.index_of
         src = np.fromiter((index_of[s] for s in edges["source"]), np.int64, len(edges["source"]))

@@ -43,7 +43,7 @@ from .. import nlp
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
-from ..graph import edge_rows, merge_edges
+from ..graph import NODE_TYPES, edge_rows, merge_edges
 from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, json_digest, write_parquet
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
@@ -471,7 +471,7 @@ def run_pipeline(
     built = assemble.current_manifest(ws)
     if built is not None and manifest["stages"].get("assemble", {}).get("state") == "done":
         result.generation = built["name"]
-        result.node_counts = dict(built["counts"]["nodes"])
+        result.node_counts = {t: built["counts"]["nodes"].get(t, 0) for t in NODE_TYPES}
         result.edge_count = built["counts"]["edges"]["merged_total"]
     log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
     return result

@@ -64,6 +64,13 @@ class WalkMatrix:
                 return cls(transition_p.indptr, transition_p.indices, small, inverse)
         return cls(transition_p.indptr, transition_p.indices, transition_p.data, np.ones(adjacency.shape[0]))
 
+    def as_csr(self):
+        """P as a scipy CSR matrix, entries in the same order and with the same bits."""
+        import scipy.sparse as sp
+
+        owner = np.repeat(np.arange(self.n), np.diff(self.indptr))
+        return sp.csr_matrix((self.inverse[owner] * self.weights, self.indices, self.indptr), shape=(self.n, self.n))
+
     def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(columns, P's values) of every entry of the given rows, row after row."""
         offsets = row_entries(self.indptr, rows)
