@@ -101,7 +101,7 @@ class RichReporter(Reporter):
         self.task = None
 
     def warn(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -176,13 +176,7 @@ class Cache:
         self.read_only = read_only
         self._lock = threading.Lock()
         if read_only:
-            # immutable: SQLite creates no -wal/-shm file and takes no lock, which is right only when
-            # every write is in the main file; a -wal with content (a writer running, or killed) is
-            # read with ordinary read-only locking, through the -shm beside it
-            wal = Path(f"{path}-wal")
-            pending = wal.is_file() and wal.stat().st_size > 0
-            self._db = sqlite3.connect(f"file:{path}?mode=ro{'' if pending else '&immutable=1'}", uri=True,
-                                       check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False, isolation_level=None)
             return
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -229,6 +223,15 @@ class Cache:
             self._db.close()
 
 
+def _read_only_uri(path: Path) -> str:
+    """An SQLite URI that reads `path` without writing anything beside it. Immutable (no -wal/-shm
+    file created, no lock taken) is right only when every write is in the main file; a -wal with
+    content (a writer running, or killed) is read with ordinary read-only locking instead."""
+    wal = Path(f"{path}-wal")
+    pending = wal.is_file() and wal.stat().st_size > 0
+    return f"file:{path}?mode=ro{'' if pending else '&immutable=1'}"
+
+
 def cache_damage(path: Path) -> str | None:
     """Why the cache file cannot be trusted, or None. Cheap: the header and the page count
     (a truncated file is shorter than its pages), then SQLite's own quick check of the b-trees'
@@ -250,7 +253,7 @@ def cache_damage(path: Path) -> str | None:
         wal = Path(f"{path}-wal")
         if pages and size < pages * page_size and not (wal.is_file() and wal.stat().st_size):
             return f"truncated: {size:,} bytes of {pages * page_size:,}"
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        db = sqlite3.connect(_read_only_uri(path), uri=True)
         try:
             verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
         finally:
@@ -258,48 +261,75 @@ def cache_damage(path: Path) -> str | None:
         return None if verdict == "ok" else verdict
     except sqlite3.DatabaseError as err:
         return str(err)
+    except OSError as err:
+        return f"unreadable: {err.strerror}"
+
+
+def _readable_copy(path: Path, target: Path) -> None:
+    """A copy of a damaged database that SQLite will open: whole pages only, and a header whose
+    page count is what the file holds (SQLite refuses a file shorter than its header says)."""
+    data = bytearray(path.read_bytes())
+    if len(data) >= 100 and data.startswith(b"SQLite format 3\x00"):
+        page_size = int.from_bytes(data[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = len(data) // page_size
+        del data[pages * page_size:]
+        data[28:32] = pages.to_bytes(4, "big")
+    target.write_bytes(bytes(data))
 
 
 def salvage_cache(path: Path) -> tuple[Path, int]:
     """Copy every row SQLite can still read from a damaged cache into a new one, keep the damaged
     file beside it as `cache.sqlite.damaged-<time>`, and put the new one in its place. Rows are
-    read by rowid ranges, halving a range that fails, so one bad page costs only its rows."""
-    kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    fresh = path.with_name(f".{path.name}.salvage")
-    with contextlib.suppress(FileNotFoundError):
-        fresh.unlink()
+    read in rowid order; past a row that cannot be read the scan resumes further on, by steps that
+    double while they keep failing, so a lost region costs a few look-ups, not one per row."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kept = path.with_name(f"{path.name}.damaged-{stamp}")
+    readable, fresh = path.with_name(f".{path.name}.readable"), path.with_name(f".{path.name}.salvage")
+    for leftover in (readable, fresh):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+    _readable_copy(path, readable)
     target = Cache(fresh)
     rows = 0
     try:
-        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            last = source.execute("SELECT max(rowid) FROM kv").fetchone()[0] or 0
-        except sqlite3.DatabaseError:
-            last = 1 << 24
-        pending = [(1, last)]
-        while pending:
-            low, high = pending.pop()
+        source = sqlite3.connect(f"file:{readable}?mode=ro&immutable=1", uri=True)
+        position, step = 0, 1
+        while step < 1 << 40:
+            batch: list[tuple[str, str, bytes]] = []
+            progressed = False
             try:
-                found = source.execute("SELECT ns, key, value FROM kv WHERE rowid BETWEEN ? AND ?",
-                                       (low, high)).fetchall()
+                for rowid, ns, key, value in source.execute(
+                        "SELECT rowid, ns, key, value FROM kv WHERE rowid > ? ORDER BY rowid", (position,)):
+                    batch.append((ns, key, value))
+                    position, progressed = rowid, True
+                    if len(batch) >= 1000:
+                        rows += _put_rows(target, batch)
+                break  # the end of the table, read without error
             except sqlite3.DatabaseError:
-                if high > low:
-                    middle = (low + high) // 2
-                    pending += [(middle + 1, high), (low, middle)]
-                continue
-            for ns in {r[0] for r in found}:
-                target.put_many(ns, [(k, v) for n, k, v in found if n == ns])
-            rows += len(found)
+                step = 1 if progressed else step * 2
+                position += step
+            finally:
+                rows += _put_rows(target, batch)
         source.close()
     except sqlite3.DatabaseError:
         pass  # not even the schema could be read: the new cache starts empty
     target.close()
+    readable.unlink()
     os.replace(path, kept)
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.replace(f"{path}{suffix}", f"{kept}{suffix}")
     os.replace(fresh, path)
     return kept, rows
+
+
+def _put_rows(target: Cache, batch: list[tuple[str, str, bytes]]) -> int:
+    count = len(batch)
+    for ns in {row[0] for row in batch}:
+        target.put_many(ns, [(k, v) for n, k, v in batch if n == ns])
+    batch.clear()
+    return count
 
 
 @dataclass

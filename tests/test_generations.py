@@ -151,11 +151,15 @@ def test_sigkill_anywhere_in_an_update(point, built, second_corpus, second_built
     workspace = copy_workspace(built, tmp_path / "ws")
     killed = index(workspace, second_corpus, env={"NODERAG_TEST_KILL_AT": point}, expect=None)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    for question in QUESTIONS:  # the old build, or the new one once CURRENT names it
-        run = noderag("query", workspace, question, "--context-only", "--json")
-        assert run.returncode == 0, run.stderr
-        got = [(n["id"], n["score"]) for n in run.json()["nodes"]]
-        assert got in [[(i, round(s, 8)) for i, s in option] for option in expected[question]]
+    batch = tmp_path / "questions.jsonl"
+    batch.write_text("\n".join(json.dumps({"question": q}) for q in QUESTIONS))
+    run = noderag("query", workspace, "--questions", batch, "--context-only")
+    assert run.returncode == 0, run.stderr
+    for line in run.stdout.splitlines():  # the old build, or the new one once CURRENT names it
+        result = json.loads(line)
+        got = [(n["id"], n["score"]) for n in result["nodes"]]
+        assert got in [[(i, round(s, 8)) for i, s in option] for option in expected[result["question"]]]
+    assert len(run.stdout.splitlines()) == len(QUESTIONS)
     new_current = point == "assemble:commit"
     assert_same_tables(workspace, second_built if new_current else built)
     assert noderag("stats", workspace, "--json").returncode == 0
