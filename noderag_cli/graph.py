@@ -181,6 +181,24 @@ def row_entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
 
 
+def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The symmetric adjacency of an edge table over the nodes `id_column` (in that order) as CSR
+    arrays: indptr (int64), columns sorted within a row (int32), weights (float64)."""
+    n = len(id_column)
+    src = pc.index_in(edges["source"], value_set=id_column)
+    dst = pc.index_in(edges["target"], value_set=id_column)
+    if src.null_count or dst.null_count:
+        raise ValueError("edge table names a node that is not in the node table")
+    src = src.to_numpy(zero_copy_only=False).astype(np.int64)
+    dst = dst.to_numpy(zero_copy_only=False).astype(np.int64)
+    weight = edges["weight"].to_numpy().astype(np.float64)
+    rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
+    order = np.lexsort((cols, rows))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return indptr, cols[order].astype(np.int32), np.concatenate([weight, weight])[order]
+
+
 @dataclass
 class Graph:
     """The heterograph as arrays: node order = nodes table order, a symmetric weighted adjacency in
@@ -201,22 +219,10 @@ class Graph:
     def from_tables(cls, nodes: pa.Table, edges: pa.Table) -> Graph:
         id_column = nodes["id"].combine_chunks() if isinstance(nodes["id"], pa.ChunkedArray) else nodes["id"]
         ids = np.asarray(id_column.to_pylist(), dtype=object)
-        index_of = {node: i for i, node in enumerate(ids.tolist())}
-        n = len(ids)
-        src = pc.index_in(edges["source"], value_set=id_column)
-        dst = pc.index_in(edges["target"], value_set=id_column)
-        if src.null_count or dst.null_count:
-            raise ValueError("edge table names a node that is not in the node table")
-        src = src.to_numpy(zero_copy_only=False).astype(np.int64)
-        dst = dst.to_numpy(zero_copy_only=False).astype(np.int64)
-        weight = edges["weight"].to_numpy().astype(np.float64)
-        rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
-        order = np.lexsort((cols, rows))
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+        indptr, indices, weights = csr_arrays(id_column, edges)
         types = np.asarray(nodes["type"].to_pylist(), dtype="<U1")
-        return cls(ids=ids, types=types, indptr=indptr, indices=cols[order].astype(np.int32),
-                   weights=np.concatenate([weight, weight])[order], index_of=index_of)
+        return cls(ids=ids, types=types, indptr=indptr, indices=indices, weights=weights,
+                   index_of={node: i for i, node in enumerate(ids.tolist())})
 
     @property
     def degree(self) -> np.ndarray:

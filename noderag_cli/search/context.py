@@ -112,7 +112,9 @@ def sentence_keys(text: str) -> frozenset[str]:
     """Each sentence of a node, without "Subject: " prefixes, case- and space-folded."""
     keys = set()
     for sentence in _SENTENCE_END.split(text):
-        key = " ".join(_SUBJECT.sub("", sentence).split()).casefold()
+        if ": " in sentence:  # no subject prefix without one
+            sentence = _SUBJECT.sub("", sentence)
+        key = " ".join(sentence.split()).casefold()
         if len(key) > 12:
             keys.add(key)
     return frozenset(keys)

@@ -8,7 +8,7 @@ with enough steps to converge (evaluate/variants.py).
 
 P is kept as `WalkMatrix`: the adjacency's CSR layout with byte weights and one inverse degree
 per row, built at index time for the configured similarity weight (search/prepare.py) and read
-by memory mapping; scipy is needed only to build one, never to walk it.
+by memory mapping. Neither building nor walking it needs scipy.
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ def transition(adjacency):
 
 @dataclass(frozen=True)
 class WalkMatrix:
-    """P as the walk reads it: (indptr, indices, weights, inverse degree per row) in P's own entry
-    order (scipy's product leaves a row's columns unsorted, and the order of a sum is part of its
-    bits), where P's entry is inverse[row] x weight exactly as scipy computed it. Edge weights are
-    small whole numbers, so they fit a byte: a third of P's float64 memory. P's own values (and an
-    inverse of 1) are the fallback when a weight does not fit."""
+    """P as the walk reads it: (indptr, indices, weights, inverse degree per row), where P's entry
+    is inverse[row] x weight. The entry order is part of the walk's bits (it is the order of its
+    sums). Edge weights are small whole numbers, so they fit a byte: a third of P's float64
+    memory. P's own values (and an inverse of 1) are the fallback when a weight does not fit."""
 
     indptr: np.ndarray  # int32
     indices: np.ndarray  # int32
@@ -51,18 +50,34 @@ class WalkMatrix:
         return len(self.indptr) - 1
 
     @classmethod
+    def from_csr(cls, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) -> WalkMatrix:
+        """P of a symmetric adjacency given as canonical CSR arrays (columns sorted within a row, no
+        zeros). Within a row, P lists the columns in reverse order: the order scipy's product
+        diag(1 / degree) @ A gives, whose sums the walk has always followed (tested against scipy)."""
+        n = len(indptr) - 1
+        counts = np.diff(indptr)
+        rows = np.repeat(np.arange(n), counts)
+        degree = np.zeros(n)
+        filled = counts > 0
+        if filled.any():  # np.add.reduceat: the bits of scipy's row sums, for any weights
+            degree[filled] = np.add.reduceat(np.asarray(data, np.float64), indptr[:-1][filled])
+        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        reverse = (indptr[1:][rows] - 1 - (np.arange(len(rows)) - indptr[:-1][rows])).astype(np.int64)
+        weights = np.asarray(data, np.float64)[reverse]
+        small = weights.astype(np.uint8)
+        index_type = np.int32 if len(indices) < 2**31 else np.int64
+        indptr, columns = indptr.astype(index_type), indices[reverse].astype(index_type)
+        if np.array_equal(small, weights):
+            return cls(indptr, columns, small, inverse)
+        return cls(indptr, columns, inverse[rows] * weights, np.ones(n))
+
+    @classmethod
     def from_adjacency(cls, adjacency) -> WalkMatrix:
-        transition_p = transition(adjacency)
-        inverse = inverse_degree(adjacency)
-        rows = np.repeat(np.arange(adjacency.shape[0]), np.diff(transition_p.indptr))
-        sorted_order = np.lexsort((transition_p.indices, rows))  # P's entries in the adjacency's sorted layout
-        weights = np.empty(len(rows), adjacency.data.dtype)
-        if adjacency.has_sorted_indices and np.array_equal(transition_p.indices[sorted_order], adjacency.indices):
-            weights[sorted_order] = adjacency.data
-            small = weights.astype(np.uint8)
-            if np.array_equal(small, weights) and np.array_equal(inverse[rows] * small, transition_p.data):
-                return cls(transition_p.indptr, transition_p.indices, small, inverse)
-        return cls(transition_p.indptr, transition_p.indices, transition_p.data, np.ones(adjacency.shape[0]))
+        """P of a scipy CSR adjacency."""
+        adjacency = adjacency.tocsr()
+        adjacency.sum_duplicates()
+        adjacency.eliminate_zeros()
+        return cls.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
 
     def as_csr(self):
         """P as a scipy CSR matrix, entries in the same order and with the same bits."""

@@ -23,6 +23,7 @@ read by deriving the same structures in memory (`prepare` on its tables).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import faiss
@@ -30,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..graph import Graph
+from ..graph import csr_arrays
 from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
@@ -66,21 +67,53 @@ def similarity_share(edges: pa.Table) -> pa.Table:
                             pa.array(np.ones(table.num_rows, np.float32)))
 
 
-def split_adjacency(nodes: pa.Table, edges: pa.Table):
+@dataclass(frozen=True)
+class Adjacency:
+    """A symmetric weighted adjacency as canonical CSR arrays (rows ascending, columns sorted, no
+    zeros), combined by entry codes (row x n + column) in numpy."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray  # float64
+
+    @property
+    def n(self) -> int:
+        return len(self.indptr) - 1
+
+    def codes(self) -> np.ndarray:
+        rows = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.indptr))
+        return rows * self.n + self.indices
+
+    @classmethod
+    def from_codes(cls, n: int, codes: np.ndarray, values: np.ndarray) -> Adjacency:
+        """Sum the values of equal codes (in input order, from 0: the bits of scipy's a + b), drop
+        zeros."""
+        unique, where = np.unique(codes, return_inverse=True)
+        sums = np.bincount(where, weights=values, minlength=len(unique))
+        keep = sums != 0
+        unique, sums = unique[keep], sums[keep]
+        indptr = np.r_[0, np.cumsum(np.bincount(unique // max(n, 1), minlength=n))].astype(np.int64)
+        return cls(indptr, (unique % max(n, 1)).astype(np.int32), sums)
+
+    def plus(self, other: Adjacency, scale: float = 1.0) -> Adjacency:
+        """self + scale x other."""
+        return Adjacency.from_codes(self.n, np.concatenate([self.codes(), other.codes()]),
+                                    np.concatenate([self.data, other.data * scale]))
+
+
+def split_adjacency(nodes: pa.Table, edges: pa.Table) -> tuple[Adjacency, Adjacency]:
     """(structural, similar): the adjacency split in two, structural edges and the similarity
     (HNSW) share of each pair, so the walk can weigh similarity edges by search.similarity_weight
-    without re-indexing. scipy CSR matrices."""
-    graph = Graph.from_tables(nodes, edges)
-    similar = Graph.from_tables(nodes, similarity_share(edges)).adjacency
-    structural = (graph.adjacency - similar).tocsr()
-    structural.eliminate_zeros()
-    return structural, similar
+    without re-indexing."""
+    ids = nodes["id"].combine_chunks()
+    whole, similar = Adjacency(*csr_arrays(ids, edges)), Adjacency(*csr_arrays(ids, similarity_share(edges)))
+    return whole.plus(similar, -1.0), similar
 
 
-def walk_matrix(structural, similar, weight: float) -> WalkMatrix:
+def walk_matrix(structural: Adjacency, similar: Adjacency, weight: float) -> WalkMatrix:
     """P of structural edges + weight x similarity edges."""
-    adjacency = (structural + weight * similar if weight else structural).tocsr()
-    return WalkMatrix.from_adjacency(adjacency)
+    adjacency = structural.plus(similar, weight) if weight else structural
+    return WalkMatrix.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
 
 
 def type_codes_of(types: pa.Array) -> np.ndarray:
@@ -124,6 +157,20 @@ def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarr
     return indptr, codes[order], names
 
 
+def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
+    """The sentence keys and the name index: the Python-bound part, run beside the array part."""
+    arrays, tables = {}, {}
+    retrievable = codes <= MAX_RETRIEVABLE_CODE
+    key_indptr, key_ids, key_count = context.sentence_key_ids(nodes["text"].to_pylist(), retrievable.tolist())
+    arrays["key_indptr"], arrays["key_ids"] = key_indptr, key_ids
+    named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
+    name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
+    names, keys = NameIndex.arrays(name_texts.to_pylist(), named)
+    arrays.update(names)
+    tables["name_keys"] = pa.table({"key": keys})
+    return arrays, tables, {"sentence_keys": key_count}
+
+
 def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
             similarity_weight: float) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
@@ -132,45 +179,40 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
     nodes = nodes.combine_chunks()
     n = nodes.num_rows
     codes = type_codes_of(nodes["type"])
-    out.arrays["type_codes"] = codes
-    out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
-    vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
-    out.arrays["vector_of_node"] = vector_row
-    out.tables["node_text"] = pa.table({"id": nodes["id"], "text": nodes["text"]})
+    with ThreadPoolExecutor(1) as pool:
+        text_part = pool.submit(_text_structures, nodes, codes)
+        out.arrays["type_codes"] = codes
+        out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
+        vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
+        out.arrays["vector_of_node"] = vector_row
+        out.tables["node_text"] = pa.table({"id": nodes["id"], "text": nodes["text"]})
 
-    embedded = np.flatnonzero(vector_row >= 0)
-    node_of_vector = np.empty(len(embedded), dtype=np.int64)
-    node_of_vector[vector_row[embedded]] = embedded
-    out.arrays["node_of_vector"] = node_of_vector
-    scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
-    out.arrays["scanned_rows"] = scanned_rows
-    index, scale, error = scan8(vectors[scanned_rows])
-    out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
-    out.meta["scan8"] = {"scale": scale, "error": error}
+        embedded = np.flatnonzero(vector_row >= 0)
+        node_of_vector = np.empty(len(embedded), dtype=np.int64)
+        node_of_vector[vector_row[embedded]] = embedded
+        out.arrays["node_of_vector"] = node_of_vector
+        scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
+        out.arrays["scanned_rows"] = scanned_rows
+        index, scale, error = scan8(vectors[scanned_rows])
+        out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
+        out.meta["scan8"] = {"scale": scale, "error": error}
 
-    structural, similar = split_adjacency(nodes, edges)
-    walk = walk_matrix(structural, similar, similarity_weight)
-    for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights, walk.inverse), strict=True):
-        out.arrays[name] = array
-    out.meta["walk_similarity_weight"] = float(similarity_weight)
-    # the structural edges that end in an A or H node: what an entity or overview leads to
-    ends_led = IS_LED[codes[structural.indices]]
-    counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
-    out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
-    out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
+        structural, similar = split_adjacency(nodes, edges)
+        walk = walk_matrix(structural, similar, similarity_weight)
+        for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights, walk.inverse), strict=True):
+            out.arrays[name] = array
+        out.meta["walk_similarity_weight"] = float(similarity_weight)
+        # the structural edges that end in an A or H node: what an entity or overview leads to
+        ends_led = IS_LED[codes[structural.indices]]
+        counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
+        out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
+        out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
 
-    retrievable = codes <= MAX_RETRIEVABLE_CODE
-    key_indptr, key_ids, key_count = context.sentence_key_ids(nodes["text"].to_pylist(), retrievable.tolist())
-    out.arrays["key_indptr"], out.arrays["key_ids"] = key_indptr, key_ids
-    out.meta["sentence_keys"] = key_count
-
-    doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
-    out.arrays["doc_indptr"], out.arrays["doc_codes"] = doc_indptr, doc_codes
-    out.tables["document_names"] = pa.table({"path": names})
-
-    named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
-    name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
-    arrays, keys = NameIndex.arrays(name_texts.to_pylist(), named)
+        doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
+        out.arrays["doc_indptr"], out.arrays["doc_codes"] = doc_indptr, doc_codes
+        out.tables["document_names"] = pa.table({"path": names})
+        arrays, tables, meta = text_part.result()
     out.arrays.update(arrays)
-    out.tables["name_keys"] = pa.table({"key": keys})
+    out.tables.update(tables)
+    out.meta.update(meta)
     return out

@@ -251,12 +251,12 @@ class Retriever:
 
     @property
     def structural(self):
-        """The structural edges' adjacency (scipy CSR)."""
+        """The structural edges' adjacency (`prepare.Adjacency`)."""
         return self._split[0]
 
     @property
     def similar(self):
-        """The similarity (HNSW) share of each pair (scipy CSR)."""
+        """The similarity (HNSW) share of each pair (`prepare.Adjacency`)."""
         return self._split[1]
 
     @functools.cached_property
