@@ -48,7 +48,8 @@ class _RecordingEngine(OfflineEngine):
 def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
     from .engines import llm, prompts
 
-    embedder = Embedder(config.embedding, ws.cache if ws.exists() else None)
+    cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
+    embedder = Embedder(config.embedding, cache)
     recorder = _RecordingEngine(embedder)
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch:
         offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"})})
@@ -59,13 +60,13 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         finally:
             scratch_ws.close()
 
-    engine = llm.LiteLLMEngine(config.llm, ws.cache) if ws.exists() else None
+    engine = llm.LiteLLMEngine(config.llm, cache) if cache is not None else None
     tasks = {}
     for task, items in recorder.seen.items():
         items = _unique(items)
         if engine is not None:
             keys = [engine.request_key(task, prompts.build_messages(task, item)) for item in items]
-            cached = ws.cache.get_many(llm.CACHE_NS, keys)
+            cached = cache.get_many(llm.CACHE_NS, keys)
             items = [item for item, key in zip(items, keys, strict=True) if key not in cached]
         prompt_tokens = llm.prompt_tokens_for(task, items, config.llm.model) if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)

@@ -102,9 +102,9 @@ def test_similarity_weight_zero_walks_the_graph_without_similarity_edges(workspa
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from test_search_parts import transition
 
     from noderag_cli.graph import Graph
-    from noderag_cli.search.ppr import transition
 
     retriever = setup.retriever
     edges = pq.read_table(build_file(workspace, "edges.parquet"))

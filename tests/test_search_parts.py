@@ -8,7 +8,14 @@ import scipy.sparse as sp
 
 from noderag_cli.search.context import fit_budget, sentence_key_ids, sentence_keys, top_per_group
 from noderag_cli.search.entry import NameIndex
-from noderag_cli.search.ppr import WalkMatrix, shallow_ppr, transition
+from noderag_cli.search.ppr import WalkMatrix, shallow_ppr
+
+
+def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
+    """P = diag(1 / weighted degree) @ A, as scipy computes it: the reference `WalkMatrix` must equal."""
+    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+    return (sp.diags(inverse) @ adjacency).tocsr()
 
 
 def dense_ppr(adjacency: np.ndarray, entries, alpha: float, iterations: int, variant: str) -> np.ndarray:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity")
+STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
 COMPARED = ("nodes.parquet", "edges.parquet")
 SEED = 20240501
 
@@ -93,8 +93,14 @@ def run_index(workspace: Path, folder: Path, kill: tuple[str, float] | None = No
     return Run(wall, usage.ru_maxrss / 1024, process.returncode, summary)
 
 
+def build_file(workspace: Path, name: str) -> Path:
+    """A file of the workspace's current build (the generation CURRENT names)."""
+    return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
+
+
 def same_files(a: Path, b: Path, names=COMPARED) -> bool:
-    return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    """The two workspaces' current builds hold the same bytes under these names."""
+    return all(build_file(a, n).read_bytes() == build_file(b, n).read_bytes() for n in names)
 
 
 def prepare(data: Path, work: Path) -> tuple[Path, Path, dict[str, int]]:
@@ -257,7 +263,8 @@ def measure(data: Path, work: Path, runs: int, with_kill: bool) -> list[str]:
 def kill_section(final: Path, work: Path, reference: Path) -> list[str]:
     workspace = work / "killed"
     shutil.rmtree(workspace, ignore_errors=True)
-    points = [("decompose", 1.0), ("attributes", 0.2), ("communities", 0.3), ("embed", 0.02), ("similarity", 0.5)]
+    points = [("decompose", 1.0), ("attributes", 0.2), ("communities", 0.3), ("embed", 0.02), ("similarity", 0.5),
+              ("assemble", 0.3)]
     rows = ["### Kill and resume", "",
             "One fresh build, SIGKILLed from outside the given time after the manifest shows the stage running, "
             "then run again until it completes.", "",

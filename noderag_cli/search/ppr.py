@@ -20,19 +20,6 @@ import numpy as np
 from ..graph import row_entries
 
 
-def inverse_degree(adjacency) -> np.ndarray:
-    """1 / weighted degree per row (0 for a row without edges)."""
-    degree = np.asarray(adjacency.sum(axis=1)).ravel()
-    return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-
-
-def transition(adjacency):
-    """P, row-normalised, as a scipy CSR matrix."""
-    import scipy.sparse as sp
-
-    return (sp.diags(inverse_degree(adjacency)) @ adjacency).tocsr()
-
-
 @dataclass(frozen=True)
 class WalkMatrix:
     """P as the walk reads it: (indptr, indices, weights, inverse degree per row), where P's entry
