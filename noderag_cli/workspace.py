@@ -357,7 +357,8 @@ class Generation:
     def path(self, file: str) -> Path:
         return self.folder / file
 
-    def _damaged(self, file: str, detail: str) -> WorkspaceError:
+    def damaged(self, file: str, detail: str) -> DamagedError:
+        """The one-line error for a file of this build that cannot be read as it should."""
         return damaged(self.path(file), self.ws_root, detail, repair_hint(self.ws_root, self.manifest.get("input")))
 
     def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
@@ -365,9 +366,9 @@ class Generation:
         try:
             return pq.read_table(self.path(file), columns=columns)
         except FileNotFoundError:
-            raise self._damaged(file, "missing") from None
+            raise self.damaged(file, "missing") from None
         except (OSError, pa.ArrowException, ValueError) as err:
-            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+            raise self.damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
 
     def array(self, name: str) -> np.ndarray:
         file = f"{name}.npy"
@@ -375,18 +376,18 @@ class Generation:
             # copy-on-write: writeable arrays (as the kernels are compiled for) that share the file's pages
             return np.load(self.path(file), mmap_mode="c", allow_pickle=False)
         except FileNotFoundError:
-            raise self._damaged(file, "missing") from None
+            raise self.damaged(file, "missing") from None
         except (OSError, ValueError) as err:
-            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+            raise self.damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
 
     def arrow(self, name: str) -> pa.Table:
         file = f"{name}.arrow"
         try:
             return pa.ipc.open_file(pa.memory_map(str(self.path(file)))).read_all()
         except FileNotFoundError:
-            raise self._damaged(file, "missing") from None
+            raise self.damaged(file, "missing") from None
         except (OSError, pa.ArrowException, ValueError) as err:
-            raise self._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+            raise self.damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
 
     def check_sizes(self) -> None:
         """Every file the manifest lists is there with its recorded size: a stat per file."""
@@ -394,9 +395,9 @@ class Generation:
             try:
                 size = self.path(file).stat().st_size
             except FileNotFoundError:
-                raise self._damaged(file, "missing") from None
+                raise self.damaged(file, "missing") from None
             if size != info["bytes"]:
-                raise self._damaged(file, f"{size:,} bytes, expected {info['bytes']:,}")
+                raise self.damaged(file, f"{size:,} bytes, expected {info['bytes']:,}")
 
     def verify(self) -> list[str]:
         """One line per file whose checksum differs from the manifest's (or that is missing)."""

@@ -24,7 +24,6 @@ process at a chosen point.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import signal
@@ -44,7 +43,15 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
 from ..graph import NODE_TYPES, edge_rows, merge_edges
-from ..workspace import Workspace, WorkspaceError, atomic_write_bytes, file_digest, json_digest, write_parquet
+from ..workspace import (
+    Workspace,
+    WorkspaceError,
+    atomic_write_bytes,
+    file_digest,
+    json_digest,
+    npy_bytes,
+    write_parquet,
+)
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGE_VERSION = 4  # 4: betweenness pivots drawn by hashed id; a workspace of 3 re-derives its tables
@@ -121,12 +128,6 @@ def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
                      "reason": pa.array([failures[i] for i in items], pa.string())})
 
 
-def _write_npy(path: Path, array: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    atomic_write_bytes(path, buffer.getvalue())
-
-
 # the stages' functions, in pipeline order -------------------------------------------------
 def _chunk(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
@@ -194,7 +195,7 @@ def _embed(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids, vectors = embed.run(nodes, run.embedder)
     run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
-    _write_npy(run.path("vectors.npy"), vectors)
+    atomic_write_bytes(run.path("vectors.npy"), npy_bytes(vectors))
     return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else run.embedder.dim}
 
 

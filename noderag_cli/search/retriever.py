@@ -132,13 +132,11 @@ def _vectors_of(index: faiss.Index, dim: int) -> np.ndarray:
 def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[Prepared, np.ndarray]:
     """The structures a generation holds, derived in memory from a workspace in the layout from
     before generations (its next `index` writes them to disk)."""
-    root = generation.folder
     nodes = generation.table("nodes", ["id", "type", "text", "name", "doc_ids", "tokens", "vector_row"])
     try:
-        index = faiss.deserialize_index(np.fromfile(root / "vectors.faiss", dtype=np.uint8))
+        index = faiss.deserialize_index(np.fromfile(generation.path("vectors.faiss"), dtype=np.uint8))
     except (OSError, RuntimeError) as err:
-        raise WorkspaceError(f"workspace file {root / 'vectors.faiss'} is damaged ({str(err).splitlines()[0][:120]}); "
-                             "`noderag index` on the workspace repairs it") from None
+        raise generation.damaged("vectors.faiss", f"unreadable: {str(err).splitlines()[0][:120]}") from None
     vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), np.float32)
     data = prepare(nodes, generation.table("edges"), generation.table("documents", ["doc_id", "path"]), vectors,
                    similarity_weight)
@@ -209,7 +207,7 @@ class Retriever:
         try:
             return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
         except RuntimeError as err:
-            raise self.generation._damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
+            raise self.generation.damaged(file, f"unreadable: {str(err).splitlines()[0][:120]}") from None
 
     def close(self) -> None:
         """Let go of the build (an `index` run may then remove it once it is no longer current)."""
