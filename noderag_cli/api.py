@@ -84,31 +84,40 @@ def index(
     check_input_folder(Path(input_folder))
     config = config or workspace_config(ws, config_path)
     with ws.lock():
+        problem = cache_damage(ws.cache_path)
+        if problem:
+            _salvage_damaged_cache(ws, problem, reporter)
         try:
-            _salvage_damaged_cache(ws, reporter)
-            embedder = Embedder(config.embedding, ws.cache)
-            engine = make_engine(config, ws.cache, embedder)
-            if config.llm.engine != "offline":
-                engine.check_connection()
-            return run_pipeline(ws, Path(input_folder), config, engine, embedder, reporter, stop_after)
-        except OSError as err:
-            if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
-                raise
-            where = f" ({err.filename})" if err.filename else ""
-            raise WorkspaceError(f"cannot write workspace {ws.root}: {err.strerror or err}{where}") from err
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after)
+        except sqlite3.DatabaseError as err:  # found damaged while the run read it: salvaged, then one more go
+            _salvage_damaged_cache(ws, str(err), reporter)
+        try:
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after)
         except sqlite3.DatabaseError as err:
-            raise WorkspaceError(f"workspace file {ws.cache_path} is damaged ({err}); run the same `noderag index` again: "
-                                 "it keeps what SQLite can still read and rebuilds the rest") from err
-        finally:
-            ws.close()
+            raise WorkspaceError(f"workspace file {ws.cache_path} is still unusable after salvage ({err}); "
+                                 "move it aside and run `noderag index` again") from err
 
 
-def _salvage_damaged_cache(ws: Workspace, reporter: Reporter | None) -> None:
+def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Reporter | None,
+               stop_after: str | None) -> IndexResult:
+    try:
+        embedder = Embedder(config.embedding, ws.cache)
+        engine = make_engine(config, ws.cache, embedder)
+        if config.llm.engine != "offline":
+            engine.check_connection()
+        return run_pipeline(ws, input_folder, config, engine, embedder, reporter, stop_after)
+    except OSError as err:
+        if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
+            raise
+        where = f" ({err.filename})" if err.filename else ""
+        raise WorkspaceError(f"cannot write workspace {ws.root}: {err.strerror or err}{where}") from err
+    finally:
+        ws.close()
+
+
+def _salvage_damaged_cache(ws: Workspace, problem: str, reporter: Reporter | None) -> None:
     """A damaged cache.sqlite: keep what SQLite can still read, keep the damaged file beside it,
     say so, and go on (what is lost is recomputed, LLM replies included)."""
-    problem = cache_damage(ws.cache_path)
-    if problem is None:
-        return
     kept, rows = salvage_cache(ws.cache_path)
     message = (f"workspace file {ws.cache_path} was damaged ({problem}); kept {rows:,} readable entries, "
                f"the damaged file is now {kept.name}")
@@ -319,7 +328,7 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
                                        + repair_hint(ws.root, manifest.get("input")))
                 report["verified"] = {"generation": generation.name, "files": len(generation.manifest.get("files", {}))}
     if verify:
-        problem = cache_damage(ws.cache_path)
+        problem = cache_damage(ws.cache_path, thorough=True)
         if problem:
             raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem}); "
                                "`noderag index` keeps what is readable and rebuilds the rest")

@@ -232,10 +232,10 @@ def _read_only_uri(path: Path) -> str:
     return f"file:{path}?mode=ro{'' if pending else '&immutable=1'}"
 
 
-def cache_damage(path: Path) -> str | None:
-    """Why the cache file cannot be trusted, or None. Cheap: the header and the page count
-    (a truncated file is shorter than its pages), then SQLite's own quick check of the b-trees'
-    structure, which reads each page once."""
+def cache_damage(path: Path, thorough: bool = False) -> str | None:
+    """Why the cache file cannot be trusted, or None: the header and the page count (a truncated
+    file is shorter than its pages), cheap at any size; `thorough` adds SQLite's own quick check
+    of the b-trees, which reads every page (seconds for a cache of a few hundred MB)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -253,6 +253,8 @@ def cache_damage(path: Path) -> str | None:
         wal = Path(f"{path}-wal")
         if pages and size < pages * page_size and not (wal.is_file() and wal.stat().st_size):
             return f"truncated: {size:,} bytes of {pages * page_size:,}"
+        if not thorough:
+            return None
         db = sqlite3.connect(_read_only_uri(path), uri=True)
         try:
             verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
