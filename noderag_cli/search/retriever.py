@@ -176,7 +176,6 @@ class Retriever:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
             self._vector_index = vector_index  # owns the mapped memory `vectors` views
             self.vectors = _vectors_of(vector_index, embedder.dim)
-        self.data = data
         node_text = data.arrow("node_text")
         self._id_column, self._text_column = node_text["id"], node_text["text"]
         self.type_codes = _mapped(data.array("type_codes"))
@@ -230,7 +229,7 @@ class Retriever:
     def rows_by_type(self) -> dict[str, np.ndarray]:
         return {t: np.flatnonzero(self.type_codes == TYPE_CODE[t]) for t in "TSNRAHO"}
 
-    @functools.cached_property
+    @property
     def sentence_keys(self) -> tuple[np.ndarray, np.ndarray]:
         """Each node's sentence keys as ids, for `context.fit_budget`."""
         return self.key_indptr, self.key_ids
