@@ -190,6 +190,7 @@ class Retriever:
         self.key_count = int(meta["sentence_keys"])
         self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
         self.document_names = data.arrow("document_names")["path"]
+        self._paths = np.full(len(self.document_names), None, dtype=object)  # filled as paths are shown
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
@@ -265,10 +266,6 @@ class Retriever:
 
     def id_of(self, rows: np.ndarray) -> list[str]:
         return self._id_column.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
-
-    def documents_of(self, row: int) -> list[str]:
-        codes = self.doc_codes[self.doc_indptr[row]:self.doc_indptr[row + 1]]
-        return self.document_names.take(pa.array(codes)).to_pylist() if len(codes) else []
 
     # vector side ---------------------------------------------------------------
     def _typed_vectors(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -491,16 +488,30 @@ class Retriever:
         rows = np.asarray(rows, dtype=np.int64)
         return self._nodes(rows, scores[rows])
 
+    def _document_paths(self, codes: np.ndarray) -> list[str]:
+        """Document paths by code, each read from the mapped build once per session: a context
+        lists hundreds of paths, mostly the same few, and Python strings made afresh cost more
+        than the search."""
+        known = self._paths[codes]
+        missing = np.unique(codes[np.equal(known, None)])
+        if len(missing):
+            self._paths[missing] = self.document_names.take(pa.array(missing)).to_pylist()
+            known = self._paths[codes]
+        return known.tolist()
+
     def _nodes(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """nodes_for with `scores` given per row of `rows`."""
         codes = self.type_codes[rows]
         order = np.lexsort((rows, -scores, CONTEXT_RANK[codes]))
-        ordered = rows[order]
-        taken = pa.array(ordered.astype(np.int64))
+        ordered = rows[order].astype(np.int64)
+        taken = pa.array(ordered)
+        counts = np.diff(self.doc_indptr)[ordered]
+        paths = self._document_paths(self.doc_codes[row_entries(self.doc_indptr, ordered)])
+        ends = np.cumsum(counts).tolist()
+        documents = [paths[end - count:end] for end, count in zip(ends, counts.tolist(), strict=True)]
         columns = (self._id_column.take(taken).to_pylist(), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
-                   self._text_column.take(taken).to_pylist(), ordered.tolist(), self.tokens[ordered].tolist())
-        return [RetrievedNode(node, kind, score, text, self.documents_of(r), tokens)
-                for node, kind, score, text, r, tokens in zip(*columns, strict=True)]
+                   self._text_column.take(taken).to_pylist(), documents, self.tokens[ordered].tolist())
+        return [RetrievedNode(*values) for values in zip(*columns, strict=True)]
 
     def answer(self, retrieval: Retrieval) -> Retrieval:
         t0 = time.perf_counter()
