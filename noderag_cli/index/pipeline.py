@@ -43,6 +43,7 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
 from ..graph import NODE_TYPES, edge_rows, merge_edges
+from ..search import prepare
 from ..workspace import (
     Workspace,
     WorkspaceError,
@@ -120,6 +121,7 @@ class Stage:
     task: str | None = None  # the engine task whose usage is accounted to it
     outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
+    version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
 
 
 def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
@@ -248,7 +250,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity"),
           outputs=("neighbours.parquet", "edges.parquet")),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
-                                           "similarity"), settings=("config",)),
+                                           "similarity"), settings=("config",), version=prepare.VERSION),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 BY_NAME = {s.name: s for s in STAGES}
@@ -272,7 +274,8 @@ def _settings(config: Config, engine_name: str, stage: Stage) -> dict:
 
 
 def settings_digest(config: Config, engine_name: str, stage: Stage) -> str:
-    return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_name, stage)})
+    own = {"stage_version": stage.version} if stage.version else {}
+    return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_name, stage), **own})
 
 
 def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], scan_digest: str) -> str:

@@ -36,6 +36,7 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
+VERSION = 2  # of these structures' definition (2: name hashes from CRC-32 and Adler-32); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
@@ -215,4 +216,5 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
     out.arrays.update(arrays)
     out.tables.update(tables)
     out.meta.update(meta)
+    out.meta["version"] = VERSION
     return out

@@ -34,6 +34,9 @@ from .prepare import (
     split_adjacency,
     walk_matrix,
 )
+from .prepare import (
+    VERSION as PREPARED_VERSION,
+)
 
 MAX_QUESTION_CHARS = 20_000
 SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
@@ -170,6 +173,9 @@ class Retriever:
             meta = data.meta
         else:
             data, meta = generation, generation.meta
+            if meta.get("version") != PREPARED_VERSION:
+                raise generation.damaged("manifest.json", f"its search structures are of version {meta.get('version')}, "
+                                                          f"this noderag reads {PREPARED_VERSION}")
             vector_index = self._read_index("vectors.faiss")
             self._scan8_index = self._read_index("scan8.faiss")
             if vector_index.d != embedder.dim:
