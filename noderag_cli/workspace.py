@@ -603,28 +603,24 @@ class Workspace:
                           repair_hint(self.root, self.read_manifest().get("input"))) from None
 
     # generations -------------------------------------------------------------
-    def current_name(self) -> str | None:
-        """The generation CURRENT names, or None when there is none (or CURRENT is unreadable)."""
-        try:
-            name = (self.root / CURRENT_FILE).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-        return name if name and name.isalnum() and (self.generation_dir(name) / "manifest.json").is_file() else None
-
-    def _current_problem(self) -> str | None:
-        """Why CURRENT is present but names no readable generation."""
+    def _read_current(self) -> tuple[str | None, str | None]:
+        """(the generation CURRENT names, why it names none): (None, None) when there is no CURRENT."""
         path = self.root / CURRENT_FILE
-        if not path.exists():
-            return None
         try:
             name = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return None, None
         except (OSError, UnicodeDecodeError):
-            return "unreadable"
+            return None, "unreadable"
         if not name or not name.isalnum():
-            return "it names no generation"
+            return None, "it names no generation"
         if not (self.generation_dir(name) / "manifest.json").is_file():
-            return f"it names {name}, whose manifest is missing"
-        return None
+            return None, f"it names {name}, whose manifest is missing"
+        return name, None
+
+    def current_name(self) -> str | None:
+        """The generation CURRENT names, or None when there is none (or CURRENT is unreadable)."""
+        return self._read_current()[0]
 
     def new_generation(self) -> GenerationWriter:
         folder = self.root / GENERATIONS_DIR
@@ -731,7 +727,7 @@ class Workspace:
             return None
 
     def _no_generation(self) -> Generation:
-        problem = self._current_problem()
+        _, problem = self._read_current()
         if problem:
             raise damaged(self.root / CURRENT_FILE, self.root, problem, repair_hint(self.root, self._input()))
         if self.has_legacy_build():

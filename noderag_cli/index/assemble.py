@@ -105,14 +105,13 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
         for job in written:
             job.result()
     built = counts(nodes, edges)
-    writer.commit({"embedding": {"model": embedder.model_id, "dim": embedder.dim,
-                                "vectors": embedder.vector_id},
-                  "counts": built, "query": prepared.meta})
+    embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
+    contents = writer.commit({"embedding": embedding, "counts": built, "query": prepared.meta})
     before_publish()
     ws.publish(writer.name)
     ws.remove_legacy_final()
     ws.remove_unused_generations()
-    return {"generation": writer.name, "nodes": nodes.num_rows, "edges": edges.num_rows,
+    return {"outputs_digest": contents, "generation": writer.name, "nodes": nodes.num_rows, "edges": edges.num_rows,
             "hnsw_edges": built["edges"]["hnsw"], "structural_edges": built["edges"]["non_hnsw"]}
 
 

@@ -119,7 +119,8 @@ class Stage:
     upstream: tuple[str, ...] = ()  # stages whose outputs it reads
     settings: tuple[str, ...] = ()  # config sections its output depends on; "engine": the engine's identity
     task: str | None = None  # the engine task whose usage is accounted to it
-    outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead)
+    outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead; its function
+    # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
     version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
 
@@ -457,7 +458,7 @@ def run_pipeline(
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
                                   counter))
         seconds = time.perf_counter() - t0
-        digest = outputs_digest(ws, stage)
+        digest = info.pop("outputs_digest", None) or outputs_digest(ws, stage)  # a stage that knows it says it
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
