@@ -45,6 +45,10 @@ class SimilarityConfig(_Section):
     neighbours: int = Field(
         64, ge=2, le=512,
         description="candidates per node for the similarity edges: the width of an HNSW base layer at M=32 (2M)")
+    exact_below: int = Field(
+        60_000, ge=0, description="embedded nodes below which every node is scored against every other (exact); "
+        "from there candidates come from the clustered index (docs/benchmarks.md: where each is faster)")
+    probes: int = Field(24, ge=1, description="clustered index: nearest clusters whose members are a node's candidates")
 
 
 class LLMConfig(_Section):

@@ -206,17 +206,25 @@ def _similarity(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids = run.read("embed", "ids.parquet")["id"].to_pylist()
     vectors = np.load(run.ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
-    signature = {"model": run.embedder.model_id, "neighbours": run.config.similarity.neighbours,
+    settings = run.config.similarity
+    signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}
     keys = similarity_edges.keys(ids, vectors)
-    neighbours = similarity_edges.neighbour_lists(keys, vectors, run.config.similarity.neighbours,
-                                                  _previous_neighbours(run.path("neighbours.parquet"), signature))
+    if len(ids) < settings.exact_below:
+        neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
+                                                      _previous_neighbours(run.path("neighbours.parquet"), signature))
+    else:  # recomputed in full: nothing of an earlier run is reused, so no lists are kept for the next
+        neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
+                                                      similarity_edges.BUCKET, settings.probes,
+                                                      similarity_edges.ASSIGN)
+        signature["clustered"] = True
     pairs = similarity_edges.pairs(neighbours)
     id_array = np.asarray(ids, dtype=object)
     edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
                       pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
     run.write("edges.parquet", edges)
-    table = similarity_edges.to_table(keys, neighbours)
+    table = similarity_edges.to_table(keys, neighbours) if "clustered" not in signature else \
+        similarity_edges.NEIGHBOURS_SCHEMA.empty_table()
     run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
     return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}
 
@@ -248,7 +256,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("text", _text, upstream=("chunk", "decompose"), outputs=("nodes.parquet", "edges.parquet")),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
           outputs=("ids.parquet", "vectors.npy")),
-    Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity"),
+    Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity", "graph"),
           outputs=("neighbours.parquet", "edges.parquet")),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
                                            "similarity"), settings=("config",), version=prepare.VERSION),

@@ -14,26 +14,36 @@ float32 represents exactly, so every BLAS kernel, block shape and summation orde
 value, for (a, b) as for (b, a). The rounding moves a cosine by about 1e-4. Ties are broken by
 node id. The candidate lists, their scores and which candidates the heuristic kept are stored
 per node (`neighbours.parquet`) for the next run.
+
+From `similarity.exact_below` embedded nodes on, scoring every node against every other (n^2 d)
+gives way to candidates from an order-free clustered index (`clustered_lists`, `ivf.py`): each
+node is scored exactly against the members of its nearest clusters only. The lists are then the
+exact best of those candidates, and a function of the set of vectors still, so an update (which
+recomputes them all) equals a fresh build; how many of the exact 64 they hold is measured in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from threadpoolctl import threadpool_limits
+
+from ..ivf import QUANT, Clusters, in_parallel, quantised
 
 VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
-QUANT = 2048
+CLUSTER_BLOCK = 256  # rows of one cluster scored against their probed clusters at a time
+BUCKET = 256  # clustered index: vectors per cluster, on average
+ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
+NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
+                               ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
 SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
 SUBSAMPLE = 4  # the k-th best of every 4th column bounds the k-th best of the row from below
 
@@ -51,21 +61,22 @@ class Neighbours:
     pruned: int = 0  # rows whose first k changed, heuristic rerun
 
 
-def quantised(vectors: np.ndarray) -> np.ndarray:
-    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32)."""
-    return np.rint(np.asarray(vectors, np.float32) * QUANT).astype(np.float32)
-
-
 def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Exact cosines of the rows `rows` of `quantised` vectors against every row."""
     return (grid[rows] @ grid.T) * np.float32(1 / QUANT**2)
 
 
-def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k(scores: np.ndarray, rows: np.ndarray, k: int, columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `scores` (the rows `rows` of the full matrix): the k best columns other than the
-    row itself, by score then column; padded with -1 / -inf when there are fewer. Sets each row's
-    own column of `scores` to -inf."""
-    scores[np.arange(len(rows)), rows] = -np.inf
+    row itself, by score then column; padded with -1 / -inf when there are fewer. `columns`: the
+    row each column of `scores` stands for, ascending (default: all rows). Sets each row's own
+    column of `scores` to -inf."""
+    if columns is None:
+        scores[np.arange(len(rows)), rows] = -np.inf
+    else:
+        own = np.minimum(np.searchsorted(columns, rows), len(columns) - 1)
+        present = columns[own] == rows
+        scores[np.flatnonzero(present), own[present]] = -np.inf
     k_eff = min(k, scores.shape[1] - 1)
     lowest = np.finfo(np.float32).min  # a bound of -inf would let the -inf diagonal through
     bound = np.full(len(rows), lowest, np.float32)
@@ -73,7 +84,10 @@ def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.
     if k_eff > 0 and sample.shape[1] > k_eff:
         bound = np.maximum(np.partition(sample, sample.shape[1] - k_eff, axis=1)[:, sample.shape[1] - k_eff], lowest)
     r, c = np.nonzero(scores >= bound[:, None])
-    return select(r, c, scores[r, c], len(rows), k)
+    found, values = select(r, c, scores[r, c], len(rows), k)
+    if columns is not None:
+        found = np.where(found >= 0, columns[np.maximum(found, 0)], -1)
+    return found, values
 
 
 def _descending_key(values: np.ndarray) -> np.ndarray:
@@ -96,18 +110,6 @@ def select(r: np.ndarray, c: np.ndarray, values: np.ndarray, n_rows: int, k: int
     out_cols[r[take], rank[take]] = c[take]
     out_scores[r[take], rank[take]] = values[take]
     return out_cols, out_scores
-
-
-def in_parallel(job, items: list) -> list:
-    """job(item) for every item, on as many threads as this process has cores, with BLAS held to
-    one thread per call: OpenBLAS's own threads are slower than one on the small products here,
-    while Python threads over independent blocks use both cores (numpy releases the GIL)."""
-    workers = min(len(items), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    with threadpool_limits(1, "blas"):
-        if workers <= 1:
-            return [job(item) for item in items]
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(job, items))
 
 
 def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -186,6 +188,67 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     redo = np.flatnonzero(~reused | shifted | (candidates[:, :k] != before).any(axis=1))
     kept[redo] = prune(grid, candidates[redo, :k], scores[redo, :k])
     return Neighbours(candidates, scores, kept, searched=len(search), pruned=len(redo))
+
+
+def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bucket: int, probes: int,
+                    assign: int) -> Neighbours:
+    """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
+    clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
+    (each row belongs to its `assign` nearest), scored exactly on the grid. The result depends on
+    the set of vectors only (the clusters too), so an update that recomputes every list equals a
+    fresh build; there is nothing to reuse, since new vectors move the centroids.
+
+    Rows are taken a home cluster (their nearest) at a time. Each row's k + SLACK best among its
+    home's members bound its final list from below; then, for each other cluster the block's rows
+    probe, the rows probing it are scored against its members (a slice of the members laid out
+    cluster by cluster, one product) and only scores reaching a row's bound are kept."""
+    n, width = len(keys), k + SLACK
+    grid = quantised(vectors)
+    clusters = Clusters.build(grid, keys.tolist(), seed, bucket, probes, assign)
+    indptr, members = clusters.members()
+    laid_out = grid[members]  # each cluster's members, contiguous
+    probed = clusters.probes[:, :probes]
+    by_home = np.lexsort((np.arange(n), probed[:, 0]))
+    starts = np.flatnonzero(np.r_[True, np.diff(probed[by_home, 0]) != 0])
+    blocks = [by_home[a:b][i : i + CLUSTER_BLOCK] for a, b in zip(starts, np.r_[starts[1:], n], strict=True)
+              for i in range(0, b - a, CLUSTER_BLOCK)]
+    scale = np.float32(1 / QUANT**2)
+
+    def block(rows: np.ndarray):
+        home = int(probed[rows[0], 0])
+        vectors_of_rows = grid[rows]
+        columns = members[indptr[home] : indptr[home + 1]]
+        scores = (vectors_of_rows @ laid_out[indptr[home] : indptr[home + 1]].T) * scale
+        found, found_scores = top_k(scores, rows, width, columns)
+        bound = found_scores[:, -1]
+        r, c = np.nonzero(found >= 0)
+        parts = [(r, found[r, c], found_scores[r, c])]
+        local, rank = np.nonzero(probed[rows, 1:] >= 0)
+        cluster = probed[rows, 1:][local, rank]
+        order = np.lexsort((local, cluster))
+        local, cluster = local[order], cluster[order]
+        edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True])
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            w, who = cluster[a], local[a:b]
+            lo, hi = indptr[w], indptr[w + 1]
+            scores = (vectors_of_rows[who] @ laid_out[lo:hi].T) * scale
+            r, c = np.nonzero(scores >= bound[who, None])
+            if len(r):
+                parts.append((who[r], members[lo + c], scores[r, c]))
+        r = np.concatenate([p[0] for p in parts])
+        c = np.concatenate([p[1] for p in parts])
+        v = np.concatenate([p[2] for p in parts])
+        keep = c != rows[r]
+        first = np.unique(r[keep].astype(np.int64) * n + c[keep], return_index=True)[1]  # a pair met twice, once
+        r, c, v = r[keep][first], c[keep][first], v[keep][first]  # sorted by (row, column)
+        return rows, select(r, c, v, len(rows), width)
+
+    candidates = np.full((n, width), -1, np.int64)
+    scores = np.full((n, width), -np.inf, np.float32)
+    for rows, (block_candidates, block_scores) in in_parallel(block, blocks):
+        candidates[rows], scores[rows] = block_candidates, block_scores
+    kept = prune(grid, candidates[:, :k], scores[:, :k])
+    return Neighbours(candidates, scores, kept, searched=n, pruned=n)
 
 
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):
@@ -283,7 +346,7 @@ def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
         "candidates": pa.ListArray.from_arrays(offsets, pa.array(neighbours.candidates[valid].astype(np.int32))),
         "scores": pa.ListArray.from_arrays(offsets, pa.array(neighbours.scores[valid], pa.float32())),
         "kept": pa.ListArray.from_arrays(offsets, pa.array(kept[valid], pa.bool_())),
-    })
+    }, schema=NEIGHBOURS_SCHEMA)
 
 
 def keys(ids: list[str], vectors: np.ndarray) -> np.ndarray:

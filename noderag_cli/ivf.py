@@ -1,0 +1,135 @@
+"""An order-free clustered index over unit vectors (an inverted file), for the similarity edges at
+scale (index/similarity_edges.py) and the vector side of search (search/prepare.py).
+
+Why clusters: the exact nearest neighbours of every vector cost n^2 d; scoring each vector only
+against the members of the clusters nearest to it costs n x (probed members) x d.
+
+Why it is a function of the set of vectors, never of an order or a history: an update must give
+the same tables as a fresh build. So
+- every product is taken between vectors on the 1/2048 grid (`quantised`): integer-valued float32
+  whose dot products are integers below 2^24, exact in float32 whatever the BLAS kernel, block,
+  thread count or machine (each partial sum is bounded like the whole, by Cauchy-Schwarz);
+- the centroids are trained by k-means on that grid, re-rounded to it after each step (sums of
+  integers in float64 are exact in any order, the norm's square too), starting from the vectors
+  whose keys hash lowest with the seed, on a sample of the lowest-hashing vectors;
+- ties are broken by index (centroid or row), and rows come sorted by key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+QUANT = 2048
+BLOCK = 2048  # rows scored against the centroids at a time
+
+
+def quantised(vectors: np.ndarray) -> np.ndarray:
+    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32)."""
+    return np.rint(np.asarray(vectors, np.float32) * QUANT).astype(np.float32)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def in_parallel(job: Callable, items: list, workers: int | None = None) -> list:
+    """job(item) for every item, in order, on as many threads as this process has cores (or
+    `workers`), with BLAS held to one thread per call: OpenBLAS's own threads are slower than one
+    on the small products here, while Python threads over independent blocks use every core
+    (numpy releases the GIL). Results never depend on the number of threads: each item is computed
+    alone."""
+    workers = min(len(items), workers or cores())
+    with threadpool_limits(1, "blas"):
+        if workers <= 1:
+            return [job(item) for item in items]
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(job, items))
+
+
+def key_hashes(keys: Sequence[str], seed: int) -> np.ndarray:
+    """A seeded 64-bit hash of each key (uint64): the order in which vectors are drawn as seeds
+    and training sample, the same for a vector whatever else is in the set."""
+    salt = seed.to_bytes(8, "little", signed=True)
+    return np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8, key=salt).digest(), "little")
+                        for k in keys), np.uint64, len(keys))
+
+
+def nearest(grid: np.ndarray, centroids: np.ndarray, count: int) -> np.ndarray:
+    """Each row's `count` nearest centroids (int32), nearest first, ties by centroid index."""
+    count = min(count, len(centroids))
+
+    def block(start: int) -> np.ndarray:
+        scores = grid[start : start + BLOCK] @ centroids.T
+        if count < scores.shape[1]:
+            # everything tied with the count-th best competes; the sort below keeps the lower indices
+            bound = -np.partition(-scores, count - 1, axis=1)[:, count - 1 : count]
+            rows, cols = np.nonzero(scores >= bound)
+        else:
+            rows, cols = np.nonzero(np.ones(scores.shape, bool))
+        order = np.lexsort((cols, -scores[rows, cols], rows))
+        rows, cols = rows[order], cols[order]
+        rank = np.arange(len(rows)) - np.searchsorted(rows, rows)
+        out = np.empty((len(scores), count), np.int32)
+        take = rank < count
+        out[rows[take], rank[take]] = cols[take]
+        return out
+
+    parts = in_parallel(block, list(range(0, len(grid), BLOCK)))
+    return np.concatenate(parts) if parts else np.zeros((0, count), np.int32)
+
+
+def train(grid: np.ndarray, hashes: np.ndarray, n_clusters: int, iterations: int = 8,
+          sample_per_cluster: int = 32) -> np.ndarray:
+    """k-means centroids on the grid (grid-valued float32), exactly reproducible: seeded by the
+    `n_clusters` lowest-hashing vectors, trained on the `sample_per_cluster x n_clusters`
+    lowest-hashing ones. A centroid that loses every member stays where it was."""
+    order = np.argsort(hashes, kind="stable")
+    n_clusters = min(n_clusters, len(grid))
+    centroids = grid[order[:n_clusters]].copy()
+    sample = grid[np.sort(order[: min(len(grid), sample_per_cluster * n_clusters)])]
+    for _ in range(iterations):
+        labels = nearest(sample, centroids, 1)[:, 0]
+        by_label = np.argsort(labels, kind="stable")
+        present, starts = np.unique(labels[by_label], return_index=True)
+        sums = np.add.reduceat(sample[by_label].astype(np.float64), starts, axis=0)
+        norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))  # exact: integers below 2^53
+        moved = np.rint(sums * (QUANT / np.maximum(norms, 1.0))[:, None]).astype(np.float32)
+        if np.array_equal(moved, centroids[present]):
+            break
+        centroids[present] = moved
+    return centroids
+
+
+@dataclass
+class Clusters:
+    """Vectors (rows) in clusters: each row's `probes` nearest centroids, best first; a row is a
+    member of its first `assign` ones."""
+
+    centroids: np.ndarray  # (c, d) grid-valued float32
+    probes: np.ndarray  # (n, p) int32
+    assign: int
+
+    @classmethod
+    def build(cls, grid: np.ndarray, keys: Sequence[str], seed: int, bucket: int, probes: int,
+              assign: int) -> Clusters:
+        """About n / bucket clusters of the rows of `grid`, named by `keys`."""
+        n_clusters = max(1, math.ceil(len(grid) / bucket))
+        centroids = train(grid, key_hashes(keys, seed), n_clusters)
+        return cls(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
+
+    def members(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, rows): the rows of each cluster, ascending (CSR over the centroids)."""
+        owner = self.probes[:, : self.assign].ravel()
+        rows = np.repeat(np.arange(len(self.probes), dtype=np.int64), self.assign)
+        order = np.lexsort((rows, owner))
+        indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=len(self.centroids)))].astype(np.int64)
+        return indptr, rows[order]
