@@ -19,6 +19,7 @@ from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
 from .evaluate.datasets import Question, QuestionFileError, read_jsonl
+from .executor import make_executor
 from .graph import NODE_TYPES
 from .index import assemble
 from .index.chunk import check_input_folder, document_chunks, scan
@@ -100,18 +101,20 @@ def index(
 
 def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Reporter | None,
                stop_after: str | None) -> IndexResult:
+    executor = make_executor(config.executor)
     try:
-        embedder = Embedder(config.embedding, ws.cache)
+        embedder = Embedder(config.embedding, ws.cache, executor)
         engine = make_engine(config, ws.cache, embedder)
         if config.llm.engine != "offline":
             engine.check_connection()
-        return run_pipeline(ws, input_folder, config, engine, embedder, reporter, stop_after)
+        return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
             raise
         where = f" ({err.filename})" if err.filename else ""
         raise WorkspaceError(f"cannot write workspace {ws.root}: {err.strerror or err}{where}") from err
     finally:
+        executor.close()
         ws.close()
 
 

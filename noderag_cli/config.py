@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -95,6 +95,20 @@ class SearchConfig(_Section):
         return {"T": self.cross_t, "S": self.cross_s, "A": self.cross_a, "H": self.cross_h, "R": self.cross_r}
 
 
+class ExecutorConfig(_Section):
+    """Where the per-document and per-chunk work runs (noderag_cli/executor.py). It never changes a
+    table, so it is in no stage's fingerprint."""
+
+    kind: Literal["local", "ray"] = "local"
+    workers: int = Field(0, ge=0, description="local: worker processes; 0 = one per core")
+    address: str | None = Field(None, description="ray: the cluster to join (ray://host:10001, host:6379 or auto)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        return {"kind": value} if isinstance(value, str) else value
+
+
 class Config(_Section):
     chunk: ChunkConfig = ChunkConfig()
     graph: GraphConfig = GraphConfig()
@@ -102,6 +116,7 @@ class Config(_Section):
     similarity: SimilarityConfig = SimilarityConfig()
     llm: LLMConfig = LLMConfig()
     search: SearchConfig = SearchConfig()
+    executor: ExecutorConfig = ExecutorConfig()
 
     def engine_signature(self) -> dict:
         """What decides the engine's output: part of every LLM stage's fingerprint."""
@@ -140,6 +155,8 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Conf
         raise ConfigError(f"invalid config at {where}: {first['msg']}") from err
 
 
-def config_to_yaml(config: Config) -> str:
-    """The effective config as written into a workspace. Holds env var names, never their values."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+def config_to_yaml(config: Config, build: bool = False) -> str:
+    """The effective config as written into a workspace. Holds env var names, never their values.
+    `build`: as a build carries it, without where its work ran (`executor`), which changes nothing
+    in it."""
+    return yaml.safe_dump(config.model_dump(mode="json", exclude={"executor"} if build else None), sort_keys=False)

@@ -20,36 +20,44 @@ import numpy as np
 
 from . import nlp
 from .config import ConfigError, EmbeddingConfig
+from .executor import Executor
+from .ivf import in_parallel
 from .workspace import Cache
 
 POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise are not mixed in
+EMBED_BATCH = 4096  # texts per batch of work
 POOL_TOKENS = 4096  # tokens gathered at a time: 4 MB of vectors stay in cache (65,536 took 50% longer)
 
 
-def mean_pool(model, texts: list[str], remembered: bool = False) -> np.ndarray:
-    """Mean of each text's token vectors (a text without tokens gets zeros). `remembered`: take
-    the token ids from the one tokenizer's memory (indexing counted most of these texts already)."""
+def mean_pool(model, texts: list[str]) -> np.ndarray:
+    """Mean of each text's token vectors (a text without tokens gets zeros), pooled on every core
+    (each text alone, so the threads change no bit)."""
     table = model.embedding
     out = np.zeros((len(texts), table.shape[1]), np.float32)
-    if remembered and model.tokenizer is nlp._tokenizer():
+    if model.tokenizer is nlp._tokenizer():
         ids = nlp.token_ids(texts)
     else:
         ids = [encoding.ids for encoding in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    start = 0
+    ranges, start = [], 0
     while start < len(texts):
         stop, tokens = start, 0
         while stop < len(texts) and (stop == start or tokens + lengths[stop] <= POOL_TOKENS):
             tokens += lengths[stop]
             stop += 1
+        ranges.append((start, stop))
+        start = stop
+
+    def pool(bounds: tuple[int, int]) -> None:
+        start, stop = bounds
         rows = np.flatnonzero(lengths[start:stop]) + start
         if len(rows):
             token_ids = np.fromiter(itertools.chain.from_iterable(ids[start:stop]), np.int64, int(lengths[start:stop].sum()))
             np.clip(token_ids, 0, len(table) - 1, out=token_ids)
             offsets = np.r_[0, np.cumsum(lengths[rows])[:-1]]
-            sums = np.add.reduceat(table[token_ids], offsets, axis=0)
-            out[rows] = sums / lengths[rows, None].astype(np.float32)
-        start = stop
+            out[rows] = np.add.reduceat(table[token_ids], offsets, axis=0) / lengths[rows, None].astype(np.float32)
+
+    in_parallel(pool, ranges) if len(ranges) > 1 else [pool(r) for r in ranges]
     return out
 
 
@@ -61,14 +69,60 @@ class TokenTable:
     tokenizer: object  # tokenizers.Tokenizer
 
 
+_MODELS: dict[tuple[str, int], TokenTable] = {}  # loaded bundled models, per process
+
+
+def load_model(config: EmbeddingConfig) -> TokenTable:
+    """The bundled token-embedding table (float32) and its tokenizer, read straight from the
+    wordllama wheel's files (importing wordllama and letting it load a second copy of the
+    tokenizer would add ~0.2 s to every run); loaded once per process."""
+    if (config.model, config.dim) in _MODELS:
+        return _MODELS[(config.model, config.dim)]
+    from safetensors import safe_open
+
+    package = nlp.wordllama_folder()
+    weights = package / "weights" / f"{config.model}_{config.dim}.safetensors"
+    tokenizer_file = package / "tokenizers" / f"{config.model}_tokenizer_config.json"
+    if not weights.is_file() or not tokenizer_file.is_file():
+        bundled = sorted(p.stem for p in (package / "weights").glob("*.safetensors"))
+        raise ConfigError(
+            f"embedding model {config.model} with dim {config.dim} is not bundled with wordllama "
+            f"(bundled: {', '.join(bundled)}); nothing is downloaded at run time"
+        )
+    with safe_open(str(weights), framework="np", device="cpu") as handle:
+        table = np.ascontiguousarray(handle.get_tensor("embedding.weight").astype(np.float32))
+    if tokenizer_file.name == nlp.TOKENIZER_FILE:
+        tokenizer = nlp._tokenizer()  # the one tokenizer: loaded once per process
+    else:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+    _MODELS[(config.model, config.dim)] = TokenTable(table, tokenizer)
+    return _MODELS[(config.model, config.dim)]
+
+
+def normalised(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+def embed_bundled(job: tuple[EmbeddingConfig, list[str]]) -> np.ndarray:
+    """L2-normalised vectors of texts with the bundled model: an executor worker's share of
+    `Embedder.embed`, or the whole of it in this process."""
+    config, texts = job
+    return normalised(mean_pool(load_model(config), texts))
+
+
 class Embedder:
-    def __init__(self, config: EmbeddingConfig, cache: Cache | None = None):
+    def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None):
         self.config = config
         self.cache = cache
+        self.executor = executor
         self.model_id = f"{config.backend}:{config.model}:{config.dim}"
         # what decides a vector's bits: the model and, for the bundled one, how it is pooled
         self.vector_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
-        self._model = None
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
 
@@ -76,41 +130,12 @@ class Embedder:
     def dim(self) -> int:
         return self.config.dim
 
-    def _load(self):
-        """The bundled token-embedding table (float32) and its tokenizer, read straight from the
-        wordllama wheel's files: importing wordllama and letting it load a second copy of the
-        tokenizer would add ~0.2 s to every run."""
-        if self._model is None and self.config.backend == "wordllama":
-            from safetensors import safe_open
-
-            package = nlp.wordllama_folder()
-            weights = package / "weights" / f"{self.config.model}_{self.config.dim}.safetensors"
-            tokenizer_file = package / "tokenizers" / f"{self.config.model}_tokenizer_config.json"
-            if not weights.is_file() or not tokenizer_file.is_file():
-                bundled = sorted(p.stem for p in (package / "weights").glob("*.safetensors"))
-                raise ConfigError(
-                    f"embedding model {self.config.model} with dim {self.config.dim} is not bundled with wordllama "
-                    f"(bundled: {', '.join(bundled)}); nothing is downloaded at run time"
-                )
-            with safe_open(str(weights), framework="np", device="cpu") as handle:
-                table = np.ascontiguousarray(handle.get_tensor("embedding.weight").astype(np.float32))
-            if tokenizer_file.name == nlp.TOKENIZER_FILE:
-                tokenizer = nlp._tokenizer()  # the one tokenizer: loaded once per process
-            else:
-                from tokenizers import Tokenizer
-
-                tokenizer = Tokenizer.from_file(str(tokenizer_file))
-                tokenizer.no_padding()
-                tokenizer.no_truncation()
-            self._model = TokenTable(table, tokenizer)
-        return self._model
-
-    def _compute(self, texts: list[str], remembered: bool = False) -> np.ndarray:
+    def _compute(self, texts: list[str]) -> np.ndarray:
         if self.config.backend == "litellm":
             from .engines.llm import litellm_embed
 
             return litellm_embed(texts, self.config)
-        return mean_pool(self._load(), texts, remembered)
+        return mean_pool(load_model(self.config), texts)
 
     def embed_query(self, text: str) -> np.ndarray:
         """One L2-normalised vector, uncached: the query path's hot call."""
@@ -125,11 +150,21 @@ class Embedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text: from this embedder's memory (the stages
-        of one run ask for the same texts), else the workspace cache, else computed and cached."""
+        of one run ask for the same texts, and an update's unchanged nodes come with the last
+        build's vectors), else computed. The bundled model's vectors are computed on the
+        executor's workers and never cached: they cost less to compute than to read back, and the
+        build holds them once. A model behind litellm is paid per call: its vectors go through the
+        workspace cache."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
-        if missing:
+        if missing and self.config.backend == "wordllama":
+            batches = [(self.config, missing[i : i + EMBED_BATCH]) for i in range(0, len(missing), EMBED_BATCH)]
+            for (_, part), vectors in zip(batches, (self.executor or Executor()).map(embed_bundled, batches),
+                                          strict=True):
+                self._memo.update(zip(part, vectors, strict=True))
+            self.computed += len(missing)
+        elif missing:
             keys = [hashlib.blake2b(f"{self.vector_id}\x1f{t}".encode(), digest_size=16).hexdigest() for t in missing]
             found = self.cache.get_many("embedding", keys) if self.cache else {}
             fresh = []
@@ -139,12 +174,10 @@ class Embedder:
                     fresh.append((text, key))
                 else:
                     self._memo[text] = np.frombuffer(blob, dtype=np.float32)
-            for start in range(0, len(fresh), 4096):
-                part = fresh[start : start + 4096]
-                vectors = self._compute([text for text, _ in part], remembered=True)
+            for start in range(0, len(fresh), EMBED_BATCH):
+                part = fresh[start : start + EMBED_BATCH]
+                vectors = normalised(self._compute([text for text, _ in part]))
                 self.computed += len(part)
-                norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-                vectors = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
                 self._memo.update((text, vector) for (text, _), vector in zip(part, vectors, strict=True))
                 if self.cache:
                     self.cache.put_many("embedding", [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])

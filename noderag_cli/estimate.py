@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import Config
 from .embeddings import Embedder
 from .engines.offline import OfflineEngine
+from .executor import Executor
 from .index.pipeline import run_pipeline
 from .workspace import Workspace
 
@@ -27,6 +28,8 @@ OUTPUT_TOKENS = {"decompose": lambda prompt_tokens: int(prompt_tokens * 0.9), "a
 
 class _RecordingEngine(OfflineEngine):
     """The offline engine, keeping the inputs of every task it is given."""
+
+    pure_decompose = None  # every chunk through `decompose`, to be recorded
 
     def __init__(self, embedder: Embedder):
         super().__init__(embedder)
@@ -56,7 +59,8 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         scratch_ws = Workspace(Path(scratch))
         scratch_ws.create()
         try:
-            run_pipeline(scratch_ws, Path(input_folder), offline, recorder, embedder, stop_after="communities")
+            run_pipeline(scratch_ws, Path(input_folder), offline, recorder, embedder, Executor(),
+                         stop_after="communities")
         finally:
             scratch_ws.close()
 

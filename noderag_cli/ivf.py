@@ -36,9 +36,19 @@ def quantised(vectors: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(vectors, np.float32) * QUANT).astype(np.float32)
 
 
+_THREADS: list[int] = []  # set in an executor's worker process: it owns one core
+
+
 def cores() -> int:
-    """The cores this process may run on."""
+    """The threads `in_parallel` may use: the cores this process may run on, 1 in an executor's
+    worker (its siblings have the others)."""
+    if _THREADS:
+        return _THREADS[0]
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_threads(count: int) -> None:
+    _THREADS[:] = [count]
 
 
 def in_parallel(job: Callable, items: list, workers: int | None = None) -> list:

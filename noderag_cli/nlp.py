@@ -43,32 +43,59 @@ def _tokenizer():
     return tokenizer
 
 
-class _RecentIds:
-    """Token ids of recently tokenised texts: indexing counts a text's tokens, then embeds it."""
+class _WordTokens:
+    """Token ids through a memory of words: the one tokenizer's result, several times faster.
 
-    LIMIT = 2_000_000  # tokens kept before the memory is cleared
+    The tokenizer's configuration is a normalizer that prepends "▁" and turns every space into "▁",
+    no pre-tokenizer, and a BPE model. No token of its vocabulary holds a "▁" after another
+    character, so no merge ever joins a character to a "▁" that follows it: the text splits, before
+    every run of "▁", into words that the model tokenizes alone with the same result (checked at
+    load; the tokenizer itself is used otherwise). Words recur (Zipf), so each distinct word is
+    tokenized once; ids are identical to `encode_batch`'s."""
+
+    LIMIT = 1_000_000  # distinct words kept before the memory is cleared
+    WORDS = re.compile("\u2581+[^\u2581]*|[^\u2581]+")
 
     def __init__(self):
-        self.ids: dict[str, list[int]] = {}
-        self.tokens = 0
+        self.words: dict[str, list[int]] = {}
+        self._model = None
+        self._exact: bool | None = None
+
+    def _check(self) -> bool:
+        """Whether the tokenizer is configured as the class docstring says."""
+        if self._exact is None:
+            import json
+
+            tokenizer = _tokenizer()
+            config = json.loads(tokenizer.to_str())
+            normalizers = (config.get("normalizer") or {}).get("normalizers", [])
+            self._exact = (config.get("pre_tokenizer") is None and config["model"]["type"] == "BPE"
+                           and [n.get("type") for n in normalizers] == ["Prepend", "Replace"]
+                           and normalizers[0].get("prepend") == "\u2581"
+                           and normalizers[1].get("pattern") == {"String": " "} and normalizers[1].get("content") == "\u2581"
+                           and not any(re.search("[^\u2581]\u2581", t) for t in config["model"]["vocab"]))
+            self._model = tokenizer.model
+        return self._exact
 
     def __call__(self, texts: Sequence[str]) -> list[list[int]]:
-        missing = list(dict.fromkeys(t for t in texts if t not in self.ids))
-        if not missing:
-            return [self.ids[t] for t in texts]
-        found = dict(zip(missing, (e.ids for e in _tokenizer().encode_batch(missing, add_special_tokens=False)),
-                         strict=True))
-        result = [found[t] if t in found else self.ids[t] for t in texts]
-        added = sum(map(len, found.values()))
-        if self.tokens + added > self.LIMIT:
-            self.ids.clear()
-            self.tokens = 0
-        self.ids.update(found)
-        self.tokens += added
+        if not self._check():
+            return [e.ids for e in _tokenizer().encode_batch(list(texts), add_special_tokens=False)]
+        if len(self.words) > self.LIMIT:
+            self.words.clear()
+        words, model, result = self.words, self._model, []
+        for text in texts:
+            ids: list[int] = []
+            if text:
+                for word in self.WORDS.findall("\u2581" + text.replace(" ", "\u2581")):
+                    known = words.get(word)
+                    if known is None:
+                        known = words[word] = [token.id for token in model.tokenize(word)]
+                    ids += known
+            result.append(ids)
         return result
 
 
-token_ids = _RecentIds()
+token_ids = _WordTokens()
 
 
 def count_tokens(texts: Sequence[str]) -> list[int]:

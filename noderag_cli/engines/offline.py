@@ -54,8 +54,47 @@ def _mmr(vectors: np.ndarray, k: int, diversity: float = 0.5) -> list[int]:
     return chosen
 
 
+def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
+    """Sentences as units, with the names they mention and the words between two names as relations
+    (a pure function of the chunk: indexing runs it on worker processes)."""
+    title = chunk.title.strip()
+    title_key = normalize_name(title) if title else ""
+    sentences: list[str] = []
+    body = chunk.text
+    first, _, rest = body.lstrip().partition("\n")
+    if title and nlp.strip_markdown(first.strip()) == title:
+        body = rest
+    for block in nlp.paragraphs(body):
+        if re.match(r"^#{1,6}\s", block) or (title and nlp.strip_markdown(block) == title):
+            continue
+        for sentence in nlp.split_sentences(nlp.strip_markdown(block)):
+            if sentences and len(sentence.split()) < MIN_UNIT_WORDS:
+                sentences[-1] = f"{sentences[-1]} {sentence}"
+            else:
+                sentences.append(sentence)
+    units = []
+    for sentence in sentences:
+        text = sentence
+        spans = nlp.find_entities(text)
+        if title_key and title_key not in normalize_name(sentence) and title_key not in sentence.casefold():
+            text = f"{title}: {sentence}"
+            shift = len(title) + 2
+            spans = [(0, len(title), title)] + [(a + shift, b + shift, name) for a, b, name in spans]
+        entities = tuple(dict.fromkeys(s[2] for s in spans if normalize_name(s[2])))
+        relations = []
+        for left, right in zip(spans, spans[1:], strict=False):
+            between = text[left[1] : right[0]].strip(" ,;:()\"'\u201c\u201d-")
+            words = between.split()
+            if 1 <= len(words) <= MAX_RELATION_WORDS and any(w.isalpha() for w in words):
+                if normalize_name(left[2]) != normalize_name(right[2]):
+                    relations.append((left[2], between, right[2]))
+        units.append(Unit(text=text, entities=entities, relations=tuple(dict.fromkeys(relations))))
+    return units
+
+
 class OfflineEngine:
     name = "offline-v1"
+    pure_decompose = staticmethod(decompose_chunk)  # what indexing may run on worker processes
 
     def __init__(self, embedder: Embedder, cache: Cache | None = None):
         self.embedder = embedder
@@ -87,45 +126,10 @@ class OfflineEngine:
     def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]:
         results: list[list[Unit] | Failure] = []
         for chunk in chunks:
-            results.append(self._decompose_one(chunk))
+            results.append(decompose_chunk(chunk))
             if progress:
                 progress(1)
         return results
-
-    def _decompose_one(self, chunk: ChunkInput) -> list[Unit]:
-        title = chunk.title.strip()
-        title_key = normalize_name(title) if title else ""
-        sentences: list[str] = []
-        body = chunk.text
-        first, _, rest = body.lstrip().partition("\n")
-        if title and nlp.strip_markdown(first.strip()) == title:
-            body = rest
-        for block in nlp.paragraphs(body):
-            if re.match(r"^#{1,6}\s", block) or (title and nlp.strip_markdown(block) == title):
-                continue
-            for sentence in nlp.split_sentences(nlp.strip_markdown(block)):
-                if sentences and len(sentence.split()) < MIN_UNIT_WORDS:
-                    sentences[-1] = f"{sentences[-1]} {sentence}"
-                else:
-                    sentences.append(sentence)
-        units = []
-        for sentence in sentences:
-            text = sentence
-            spans = nlp.find_entities(text)
-            if title_key and title_key not in normalize_name(sentence) and title_key not in sentence.casefold():
-                text = f"{title}: {sentence}"
-                shift = len(title) + 2
-                spans = [(0, len(title), title)] + [(a + shift, b + shift, name) for a, b, name in spans]
-            entities = tuple(dict.fromkeys(s[2] for s in spans if normalize_name(s[2])))
-            relations = []
-            for left, right in zip(spans, spans[1:], strict=False):
-                between = text[left[1] : right[0]].strip(" ,;:()\"'\u201c\u201d-")
-                words = between.split()
-                if 1 <= len(words) <= MAX_RELATION_WORDS and any(w.isalpha() for w in words):
-                    if normalize_name(left[2]) != normalize_name(right[2]):
-                        relations.append((left[2], between, right[2]))
-            units.append(Unit(text=text, entities=entities, relations=tuple(dict.fromkeys(relations))))
-        return units
 
     # attributes ----------------------------------------------------------------
     def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:

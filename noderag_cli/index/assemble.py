@@ -94,7 +94,7 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
         writer.table("edges", edges)
         writer.table("documents", documents)
         writer.raw("vectors.faiss", faiss.serialize_index(similarity_edges.flat_index(vectors)).tobytes())
-        writer.raw("config.yaml", config_to_yaml(config).encode())
+        writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight)
         for name, array in prepared.arrays.items():
             writer.array(name, array)

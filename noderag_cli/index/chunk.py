@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .. import nlp
+from ..executor import Executor
 from ..graph import chunk_id, document_id
 from ..workspace import Cache, json_digest
 
@@ -241,10 +242,11 @@ def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> 
 
 def document_chunks(
     files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
-    store: bool = True,
+    store: bool = True, executor: Executor | None = None,
 ) -> list[tuple[str, list[tuple[str, int, str]]]]:
     """(title, [(chunk text, tokens, chunk id)]) per file; cached by content so unchanged documents
-    cost a lookup. With store=False the cache is only read (a dry run writes nothing)."""
+    cost a lookup, cut on the `executor`'s workers otherwise. With store=False the cache is only
+    read (a dry run writes nothing)."""
     keys = [chunk_cache_key(f, max_tokens, overlap_tokens) if f.text is not None else "" for f in files]
     found = cache.get_many("chunks", [k for k in keys if k]) if cache is not None else {}
     out: list[tuple[str, list[tuple[str, int, str]]] | None] = []
@@ -258,27 +260,37 @@ def document_chunks(
         else:
             out.append(None)
             todo.append(position)
-    for start in range(0, len(todo), 256):
-        batch = todo[start : start + 256]
-        fresh = []
-        for position, pieces in zip(batch, chunk_texts([files[i].text for i in batch], max_tokens, overlap_tokens),
-                                    strict=True):
-            entry = (document_title(files[position].text, files[position].path),
-                     [(text, tokens, chunk_id(text)) for text, tokens in pieces])
+    batches = [todo[start : start + 256] for start in range(0, len(todo), 256)]
+
+    def done(batch: list[int], entries: list) -> None:
+        for position, entry in zip(batch, entries, strict=True):
             out[position] = entry
-            fresh.append((keys[position], json.dumps(entry).encode()))
         if cache is not None and store:
-            cache.put_many("chunks", fresh)
+            cache.put_many("chunks", [(keys[p], json.dumps(e).encode()) for p, e in zip(batch, entries, strict=True)])
+
+    jobs = [([(files[p].path, files[p].text) for p in batch], max_tokens, overlap_tokens) for batch in batches]
+    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs), strict=True):
+        done(batch, entries)
     return out
 
 
+def chunk_batch(job: tuple[list[tuple[str, str]], int, int]) -> list[tuple[str, list[tuple[str, int, str]]]]:
+    """A worker's share of `document_chunks`: (title, chunks) of each (path, text)."""
+    documents, max_tokens, overlap_tokens = job
+    pieces = chunk_texts([text for _, text in documents], max_tokens, overlap_tokens)
+    return [(document_title(text, path), [(piece, tokens, chunk_id(piece)) for piece, tokens in own])
+            for (path, text), own in zip(documents, pieces, strict=True)]
+
+
 def run(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
+    executor: Executor | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """Documents and chunks tables for the scanned files."""
     docs = {name: [] for name in DOCUMENT_SCHEMA.names}
     chunks = {name: [] for name in CHUNK_SCHEMA.names}
-    for file, (title, pieces) in zip(files, document_chunks(files, max_tokens, overlap_tokens, cache), strict=True):
+    cut = document_chunks(files, max_tokens, overlap_tokens, cache, executor=executor)
+    for file, (title, pieces) in zip(files, cut, strict=True):
         doc = document_id(file.path)
         reason = file.reason or ("" if pieces else "no text after cleaning")
         for name, value in zip(

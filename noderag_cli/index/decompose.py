@@ -24,7 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import nlp
 from ..engines.base import ChunkInput, Engine, Failure, Unit
+from ..executor import Executor
 from ..graph import (
     edge_rows,
     entity_id,
@@ -58,7 +60,7 @@ def cache_key(engine_settings: dict, title: str, text: str) -> str:
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
     engine_settings: dict | None = None, previous: tuple[pa.Table, pa.Table] | None = None,
-    count_tokens: Callable[[list[str]], list[int]] | None = None,
+    executor: Executor | None = None,
 ) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int]]:
     """The occurrence and link rows of every chunk; failure reasons per chunk id; and how many
     distinct chunk inputs were `cached` (rows kept from `previous`, or units from the cache) and
@@ -66,8 +68,14 @@ def decompose_chunks(
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
-    it has not decomposed yet. `previous` holds the rows of the last run (`read_rows`)."""
+    it has not decomposed yet. `previous` holds the rows of the last run (`read_rows`).
+
+    Rows are made on the `executor`'s workers, batch by batch, and so is the decomposition itself
+    when the engine's is a pure function of the chunk (`pure_decompose`, the offline engine's); an
+    LLM engine's calls are made here, where its limiter and connections live. Each batch's fresh
+    units are cached as it returns, so a killed run keeps them."""
     engine_settings = engine_settings or {"name": engine.name}
+    executor = executor or Executor()
     inputs = [
         ChunkInput(chunk_id=c, text=t, title=title)
         for c, t, title in zip(chunks["chunk_id"].to_pylist(), chunks["text"].to_pylist(), chunks["title"].to_pylist(), strict=True)
@@ -86,32 +94,68 @@ def decompose_chunks(
     stats.cache_hits += len(known)
     pending = [(c, k, n) for c, k, n in zip(inputs, keys, names, strict=True) if n not in known]
     cached = cache.get_many("decompose", [k for _, k, _ in pending])
-    units: dict[str, tuple[str, list[Unit]]] = {}  # input name -> (chunk id, units)
+    work: list[tuple[str, str, ChunkInput | None, list[Unit] | None]] = []  # (name, chunk id, chunk, units)
     failures: dict[str, str] = {}
     todo: list[tuple[ChunkInput, str, str]] = []
     for chunk, key, name in pending:
         if key in cached:
-            units[name] = (chunk.chunk_id, _load_units(cached[key]))
+            work.append((name, chunk.chunk_id, None, _load_units(cached[key])))
             stats.cache_hits += 1
         else:
             todo.append((chunk, key, name))
     if progress and len(inputs) - len(todo):
         progress(len(inputs) - len(todo))
-    for start in range(0, len(todo), BATCH):
-        batch = todo[start : start + BATCH]
-        results = engine.decompose([c for c, _, _ in batch], progress)
+    key_of = {name: key for _, key, name in todo}
+    pure = getattr(engine, "pure_decompose", None)
+    if pure is not None:
+        work += [(name, chunk.chunk_id, chunk, None) for chunk, _, name in todo]
+    else:
+        for start in range(0, len(todo), BATCH):
+            batch = todo[start : start + BATCH]
+            results = engine.decompose([c for c, _, _ in batch], progress)
+            fresh = []
+            for (chunk, key, name), result in zip(batch, results, strict=True):
+                if isinstance(result, Failure):
+                    failures[chunk.chunk_id] = result.reason
+                    continue
+                work.append((name, chunk.chunk_id, None, result))
+                fresh.append((key, _dump_units(result)))
+            cache.put_many("decompose", fresh)
+
+    def done(batch, result) -> None:
+        outcomes, _, _ = result
         fresh = []
-        for (chunk, key, name), result in zip(batch, results, strict=True):
-            if isinstance(result, Failure):
-                failures[chunk.chunk_id] = result.reason
+        for (name, chunk_id, chunk, _), outcome in zip(batch, outcomes, strict=True):
+            if chunk is None:
                 continue
-            units[name] = (chunk.chunk_id, result)
-            fresh.append((key, _dump_units(result)))
+            if isinstance(outcome, Failure):
+                failures[chunk_id] = outcome.reason
+            else:
+                fresh.append((key_of[name], _dump_units(outcome)))
         cache.put_many("decompose", fresh)
-    occurrences, links = unit_rows(units, count_tokens)
-    occurrences = pa.concat_tables([kept_occurrences, occurrences]).sort_by([("input", "ascending"), ("seq", "ascending")])
-    links = pa.concat_tables([kept_links, links]).sort_by([("input", "ascending"), ("seq", "ascending")])
+        if progress and any(item[2] is not None for item in batch):
+            progress(sum(item[2] is not None for item in batch))
+
+    batches = [work[i : i + BATCH] for i in range(0, len(work), BATCH)]
+    results = executor.map(rows_of_batch, batches, done)
+    occurrences = pa.concat_tables([kept_occurrences, *(r[1] for r in results)])
+    links = pa.concat_tables([kept_links, *(r[2] for r in results)])
+    occurrences = occurrences.sort_by([("input", "ascending"), ("seq", "ascending")])
+    links = links.sort_by([("input", "ascending"), ("seq", "ascending")])
     return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+
+
+def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):
+    """A worker's share of `decompose_chunks`: each item's units (decomposed here, by the offline
+    engine, when the item carries its chunk instead), and the rows of them all. Returns the units
+    (or Failure) per item, the occurrence rows and the link rows."""
+    from ..engines.offline import decompose_chunk
+
+    outcomes = [decompose_chunk(chunk) if units is None else units for _, _, chunk, units in batch]
+    units = {name: (chunk_id, outcome) for (name, chunk_id, _, _), outcome in zip(batch, outcomes, strict=True)
+             if not isinstance(outcome, Failure)}
+    occurrences, links = unit_rows(units, nlp.count_tokens)
+    return outcomes, occurrences, links
 
 
 def _dump_units(units: list[Unit]) -> bytes:

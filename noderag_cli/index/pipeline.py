@@ -42,6 +42,7 @@ from .. import nlp
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
+from ..executor import Executor
 from ..graph import NODE_TYPES, edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import (
@@ -95,6 +96,7 @@ class StageRun:
     embedder: Embedder
     reporter: Reporter
     counter: TokenCounter
+    executor: Executor
 
     def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
         return self.ws.read_table(self.ws.stage_path(stage, name), columns)
@@ -134,7 +136,8 @@ def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
 # the stages' functions, in pipeline order -------------------------------------------------
 def _chunk(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    documents, chunks = chunk.run(run.files, run.config.chunk.chunk_tokens, run.config.chunk.overlap_tokens, run.ws.cache)
+    documents, chunks = chunk.run(run.files, run.config.chunk.chunk_tokens, run.config.chunk.overlap_tokens, run.ws.cache,
+                                  run.executor)
     run.write("documents.parquet", documents)
     run.write("chunks.parquet", chunks)
     return {"documents": documents.num_rows, "chunks": chunks.num_rows}
@@ -146,7 +149,7 @@ def _decompose(run: StageRun) -> dict:
     rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
     occurrences, links, failures, work = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance, engine_settings(run.config, run.engine.name),
-        decompose.read_rows(*rows_paths), run.counter,
+        decompose.read_rows(*rows_paths), run.executor,
     )
     nodes, edges = decompose.build_graph(occurrences, links)
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
@@ -276,7 +279,7 @@ def _settings(config: Config, engine_name: str, stage: Stage) -> dict:
         if name == "engine":
             sections[name] = engine_settings(config, engine_name)
         elif name == "config":  # the whole config: the build carries a snapshot of it
-            sections[name] = config_to_yaml(config)
+            sections[name] = config_to_yaml(config, build=True)
         else:
             sections[name] = getattr(config, name).model_dump(mode="json")
     return sections
@@ -406,10 +409,11 @@ def scan_digest_of(files) -> str:
 
 
 def run_pipeline(
-    ws: Workspace, input_folder: Path, config: Config, engine: Engine, embedder: Embedder,
+    ws: Workspace, input_folder: Path, config: Config, engine: Engine, embedder: Embedder, executor: Executor,
     reporter: Reporter | None = None, stop_after: str | None = None,
 ) -> IndexResult:
-    """Index input_folder into ws. Caller holds the workspace lock."""
+    """Index input_folder into ws, the per-document and per-chunk work on `executor`. Caller holds
+    the workspace lock."""
     reporter = reporter or Reporter()
     log = ws.logger()
     started = time.perf_counter()
@@ -443,6 +447,23 @@ def run_pipeline(
 
     digests: dict[str, str] = {}
     counter = TokenCounter(ws.cache)
+    _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, counter, executor,
+                scan, result, log)
+    result.seconds = time.perf_counter() - started
+    result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
+    built = assemble.current_manifest(ws)
+    if built is not None and manifest["stages"].get("assemble", {}).get("state") == "done":
+        result.generation = built["name"]
+        result.node_counts = {t: built["counts"]["nodes"].get(t, 0) for t in NODE_TYPES}
+        result.edge_count = built["counts"]["edges"]["merged_total"]
+    log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
+    return result
+
+
+def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
+                stop_after: str | None, manifest: dict, digests: dict, counter: TokenCounter, executor: Executor,
+                scan: str, result: IndexResult, log) -> None:
+    """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
     for stage in STAGES:
         settings = settings_digest(config, engine.name, stage)
         entry = manifest["stages"].get(stage.name, {})
@@ -464,7 +485,7 @@ def run_pipeline(
         vectors_before = embedder.computed
         t0 = time.perf_counter()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
-                                  counter))
+                                  counter, executor))
         seconds = time.perf_counter() - t0
         digest = info.pop("outputs_digest", None) or outputs_digest(ws, stage)  # a stage that knows it says it
         digests[stage.name] = digest
@@ -479,15 +500,6 @@ def run_pipeline(
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
         if stage.name == stop_after:
             break
-    result.seconds = time.perf_counter() - started
-    result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
-    built = assemble.current_manifest(ws)
-    if built is not None and manifest["stages"].get("assemble", {}).get("state") == "done":
-        result.generation = built["name"]
-        result.node_counts = {t: built["counts"]["nodes"].get(t, 0) for t in NODE_TYPES}
-        result.edge_count = built["counts"]["edges"]["merged_total"]
-    log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
-    return result
 
 
 class TokenCounter:

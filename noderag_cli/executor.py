@@ -1,0 +1,90 @@
+"""Where the per-document and per-chunk work of indexing runs: on this machine's cores, or as Ray
+tasks on a cluster (`executor.kind: ray`, see `ray_executor.py`).
+
+A stage hands `Executor.map` a module-level function and a list of batches; the results come back
+in the batches' order, whatever ran them and in whatever order they finished, so a stage's output
+never depends on where its work ran. Locally the batches go to worker processes (one per core
+unless `executor.workers` says otherwise), started through a fork server: a clean process that
+imported the package once, so a worker starts in milliseconds and inherits none of the run's
+threads, open files or the workspace lock. Work too small to be worth a pool (a single batch)
+runs in this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from . import ivf
+from .config import ExecutorConfig
+
+PRELOAD = ["noderag_cli.index.chunk", "noderag_cli.index.decompose", "noderag_cli.engines.offline",
+           "noderag_cli.embeddings"]
+
+
+def local_workers(config: ExecutorConfig) -> int:
+    """The number of worker processes: `executor.workers`, or one per core this process may use."""
+    return config.workers or ivf.cores()
+
+
+def _worker_start() -> None:
+    """Each worker computes alone on its core: no thread pools of its own in the tokenizer, BLAS or
+    `ivf.in_parallel`."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    ivf.use_threads(1)
+
+
+class Executor:
+    """Runs a function over batches on local worker processes (or in this process)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.workers} local process{'es' if self.workers > 1 else ''}"
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_worker_start)
+        return self._pool
+
+    def map(self, function: Callable[[Any], Any], batches: Sequence[Any],
+            done: Callable[[Any, Any], None] | None = None) -> list:
+        """function(batch) for every batch, results in the batches' order; `done(batch, result)` is
+        called in this process as each result arrives, in that order too."""
+        if self.workers <= 1 or len(batches) < 2:
+            results = []
+            for batch in batches:
+                results.append(function(batch))
+                if done:
+                    done(batch, results[-1])
+            return results
+        results = []
+        for batch, result in zip(batches, self._get_pool().map(function, batches), strict=True):
+            results.append(result)
+            if done:
+                done(batch, result)
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def make_executor(config: ExecutorConfig) -> Executor:
+    """The executor a config names."""
+    if config.kind == "ray":
+        from .ray_executor import RayExecutor
+
+        return RayExecutor(config)
+    return Executor(local_workers(config))
