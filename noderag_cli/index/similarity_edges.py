@@ -190,6 +190,20 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     return Neighbours(candidates, scores, kept, searched=len(search), pruned=len(redo))
 
 
+PROBE_PHASES = ((0, 1), (1, 4), (4, None))  # probe ranks scored before the bound is raised again
+
+
+def _best_of(parts: list, rows: np.ndarray, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's `width` best distinct columns (not itself) among (row position, column, score)
+    triples."""
+    r = np.concatenate([p[0] for p in parts])
+    c = np.concatenate([p[1] for p in parts])
+    v = np.concatenate([p[2] for p in parts])
+    keep = c != rows[r]
+    first = np.unique(r[keep].astype(np.int64) * n + c[keep], return_index=True)[1]  # a pair met twice, once
+    return select(r[keep][first], c[keep][first], v[keep][first], len(rows), width)  # by (row, column)
+
+
 def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bucket: int, probes: int,
                     assign: int) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
@@ -198,10 +212,11 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bu
     the set of vectors only (the clusters too), so an update that recomputes every list equals a
     fresh build; there is nothing to reuse, since new vectors move the centroids.
 
-    Rows are taken a home cluster (their nearest) at a time. Each row's k + SLACK best among its
-    home's members bound its final list from below; then, for each other cluster the block's rows
-    probe, the rows probing it are scored against its members (a slice of the members laid out
-    cluster by cluster, one product) and only scores reaching a row's bound are kept."""
+    Rows are taken a home cluster (their nearest) at a time, and their probed clusters in phases
+    by rank (`PROBE_PHASES`). In each phase, for each cluster the block's rows probe, the rows
+    probing it are scored against its members (a slice of the members laid out cluster by
+    cluster, one product), and only scores that reach a row's k + SLACK-th best so far are kept:
+    the best of the nearest clusters bound what the farther ones can bring."""
     n, width = len(keys), k + SLACK
     grid = quantised(vectors)
     clusters = Clusters.build(grid, keys.tolist(), seed, bucket, probes, assign)
@@ -217,31 +232,31 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bu
     def block(rows: np.ndarray):
         home = int(probed[rows[0], 0])
         vectors_of_rows = grid[rows]
-        columns = members[indptr[home] : indptr[home + 1]]
         scores = (vectors_of_rows @ laid_out[indptr[home] : indptr[home + 1]].T) * scale
-        found, found_scores = top_k(scores, rows, width, columns)
-        bound = found_scores[:, -1]
+        found, found_scores = top_k(scores, rows, width, members[indptr[home] : indptr[home + 1]])
         r, c = np.nonzero(found >= 0)
         parts = [(r, found[r, c], found_scores[r, c])]
-        local, rank = np.nonzero(probed[rows, 1:] >= 0)
-        cluster = probed[rows, 1:][local, rank]
-        order = np.lexsort((local, cluster))
-        local, cluster = local[order], cluster[order]
-        edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True])
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            w, who = cluster[a], local[a:b]
-            lo, hi = indptr[w], indptr[w + 1]
-            scores = (vectors_of_rows[who] @ laid_out[lo:hi].T) * scale
-            r, c = np.nonzero(scores >= bound[who, None])
-            if len(r):
-                parts.append((who[r], members[lo + c], scores[r, c]))
-        r = np.concatenate([p[0] for p in parts])
-        c = np.concatenate([p[1] for p in parts])
-        v = np.concatenate([p[2] for p in parts])
-        keep = c != rows[r]
-        first = np.unique(r[keep].astype(np.int64) * n + c[keep], return_index=True)[1]  # a pair met twice, once
-        r, c, v = r[keep][first], c[keep][first], v[keep][first]  # sorted by (row, column)
-        return rows, select(r, c, v, len(rows), width)
+        for lo, hi in PROBE_PHASES[1:]:
+            listed, listed_scores = _best_of(parts, rows, n, width)
+            r, c = np.nonzero(listed >= 0)
+            parts = [(r, listed[r, c], listed_scores[r, c])]
+            bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
+            ranked = probed[rows, lo:hi]
+            if not ranked.size:
+                break
+            local, rank = np.nonzero(ranked >= 0)
+            cluster = ranked[local, rank]
+            order = np.lexsort((local, cluster))
+            local, cluster = local[order], cluster[order]
+            edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True])
+            for a, b in zip(edges[:-1], edges[1:], strict=True):
+                w, who = cluster[a], local[a:b]
+                start, stop = indptr[w], indptr[w + 1]
+                scores = (vectors_of_rows[who] @ laid_out[start:stop].T) * scale
+                r, c = np.nonzero(scores >= bound[who, None])
+                if len(r):
+                    parts.append((who[r], members[start + c], scores[r, c]))
+        return rows, _best_of(parts, rows, n, width)
 
     candidates = np.full((n, width), -1, np.int64)
     scores = np.full((n, width), -np.inf, np.float32)
