@@ -90,6 +90,10 @@ class SearchConfig(_Section):
         "walk_similarity", description="ppr: raw PPR scores (the paper); walk_similarity: see search/retriever.py")
     use_exact: bool = True
     use_vector: bool = True
+    clustered_from: int = Field(
+        50_000, ge=0, description="S, A and H vectors from which a build's vector side probes clusters instead of "
+        "scanning them all (set when indexing; docs/benchmarks.md: where each is faster)")
+    vector_probes: int = Field(32, ge=1, description="clusters whose members are scored, when the build has them")
 
     def quotas(self) -> dict[str, int]:
         return {"T": self.cross_t, "S": self.cross_s, "A": self.cross_a, "H": self.cross_h, "R": self.cross_r}

@@ -24,11 +24,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import faiss
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 QUANT = 2048
 BLOCK = 2048  # rows scored against the centroids at a time
+BUCKET = 256  # vectors per cluster, on average
 
 
 def quantised(vectors: np.ndarray) -> np.ndarray:
@@ -143,3 +145,25 @@ class Clusters:
         order = np.lexsort((rows, owner))
         indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=len(self.centroids)))].astype(np.int64)
         return indptr, rows[order]
+
+
+def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
+    """The vector index a build holds: exact inner product over the L2-normalised rows."""
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    if len(vectors):
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index
+
+
+def flat_vectors(index: faiss.Index) -> np.ndarray:
+    """The float32 rows of a flat index, as a view on its codes (memory-mapped when it was read so)."""
+    if index.ntotal == 0:
+        return np.zeros((0, index.d), np.float32)
+    codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * index.d * 4)
+    return codes.view(np.float32).reshape(index.ntotal, index.d)
+
+
+def read_flat(path) -> tuple[faiss.Index, np.ndarray]:
+    """A flat index file, memory-mapped, and its rows (valid while the index lives)."""
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+    return index, flat_vectors(index)

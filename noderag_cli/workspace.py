@@ -43,7 +43,8 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,7 @@ import pyarrow.parquet as pq
 FORMAT_VERSION = 1
 GENERATION_FORMAT = 1
 CACHE_FILE = "cache.sqlite"
+COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
 CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"
 READERS_FILE = ".readers"
@@ -107,21 +109,43 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-FEW_VALUES = frozenset({"type", "kind", "status", "stage", "reason"})
-"""Columns dictionary-encoded in parquet: a handful of distinct values. For ids and texts the
-encoder's attempt only costs time (writing the neighbour lists took twice as long with it)."""
+DICTIONARY_ENCODED = frozenset({"type", "kind", "status", "stage", "reason",  # a handful of distinct values
+                                "chunk_ids.list.element", "doc_ids.list.element", "target", "chunk"})
+"""Columns dictionary-encoded in parquet: a handful of distinct values, or ids each repeated many
+times in no order that run-length encoding would catch (a node's chunks and documents, an edge's
+second end): a third smaller. For other ids and texts the encoder's attempt only costs time."""
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
     """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
     sink = pa.BufferOutputStream()
+    paths = [name for field in table.schema for name in
+             ((f"{field.name}.list.element",) if pa.types.is_list(field.type) else (field.name,))]
     pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
-                   use_dictionary=[name for name in table.column_names if name in FEW_VALUES])
+                   use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
+                   dictionary_pagesize_limit=1 << 28)
     return sink.getvalue().to_pybytes()
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(path, parquet_bytes(table))
+
+
+def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
+    """Like `atomic_write_bytes`, for a writer that takes a file name (faiss.write_index)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        write(tmp)
+        os.chmod(tmp, FILE_MODE)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
@@ -183,6 +207,18 @@ class Cache:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))")
 
+    @staticmethod
+    def _packed(value: bytes) -> bytes:
+        """Values of a few hundred bytes and more are stored compressed (zlib, the fastest level:
+        a decomposition's JSON shrinks threefold), marked by a prefix no stored JSON starts with."""
+        if len(value) < 256 or value.startswith(COMPRESSED):  # small, or already packed (a salvaged row)
+            return value
+        return COMPRESSED + zlib.compress(value, 1)
+
+    @staticmethod
+    def _unpacked(value: bytes) -> bytes:
+        return zlib.decompress(value[len(COMPRESSED):]) if value.startswith(COMPRESSED) else value
+
     def get_many(self, ns: str, keys: Iterable[str]) -> dict[str, bytes]:
         keys = list(dict.fromkeys(keys))
         found: dict[str, bytes] = {}
@@ -196,14 +232,14 @@ class Cache:
                     if not self.read_only:
                         raise
                     return {}  # a read-only look-up that cannot be answered only misses the cache
-                found.update(rows.fetchall())
+                found.update((key, self._unpacked(value)) for key, value in rows.fetchall())
         return found
 
     def get(self, ns: str, key: str) -> bytes | None:
         return self.get_many(ns, [key]).get(key)
 
     def put_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
-        rows = [(ns, key, value) for key, value in items]
+        rows = [(ns, key, self._packed(value)) for key, value in items]
         if not rows or self.read_only:
             return
         with self._lock:
@@ -460,6 +496,20 @@ class GenerationWriter:
 
     def raw(self, file: str, data: bytes) -> None:
         self._write(file, data)
+
+    def link(self, file: str, source: Path) -> None:
+        """`source` (a stage's committed output, never written in place) as this generation's `file`:
+        a second name for the same bytes, so they are stored once; a copy where the file system
+        cannot link."""
+        target = self.folder / file
+        try:
+            os.link(source, target)
+        except OSError:
+            tmp = target.with_name(f".{target.name}.tmp")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+        with self._lock:
+            self.files[file] = {"bytes": target.stat().st_size, "blake2b": file_digest(target)}
 
     def commit(self, meta: dict) -> str:
         """Write the manifest (the files' sizes and checksums, and `meta`); returns the digest that

@@ -4,7 +4,8 @@ reads, written as a new generation, then made current by one atomic rename of CU
 A generation holds (see `workspace.py` for where it lives):
 - nodes.parquet, edges.parquet: the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
 - documents.parquet: the documents table the build was made from (`chunk.DOCUMENT_SCHEMA`);
-- vectors.faiss: the flat inner-product index; row i is the node whose `vector_row` is i;
+- vectors.faiss: the flat inner-product index; row i is the node whose `vector_row` is i (a second
+  name, a hard link, for the embed stage's file: every vector is stored once);
 - config.yaml: the config of the build, which `query` and `stats` read;
 - the search's structures (`search/prepare.py`), and manifest.json: each file's size and
   checksum, the counts `stats` shows, the embedding model and what the search needs beside the
@@ -17,17 +18,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
 from ..search.prepare import prepare
 from ..workspace import Generation, Workspace, WorkspaceError
-from . import similarity_edges
 
 NODE_STAGES = ("decompose", "attributes", "communities", "text")  # the stages that make nodes
 EDGE_STAGES = (*NODE_STAGES, "similarity")
@@ -83,7 +83,8 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
     """Write the build as a new generation and make it current; then remove the generations and
     the files of the older layout that no reader holds."""
     ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
-    vectors = np.load(ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    vector_file = ws.stage_path("embed", "vectors.faiss")
+    index, vectors = ivf.read_flat(vector_file)
     documents = ws.read_table(ws.stage_path("chunk", "documents.parquet"))
     writer = ws.new_generation()
     with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges
@@ -93,9 +94,10 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
         written = [pool.submit(writer.table, "nodes", nodes)]
         writer.table("edges", edges)
         writer.table("documents", documents)
-        writer.raw("vectors.faiss", faiss.serialize_index(similarity_edges.flat_index(vectors)).tobytes())
+        writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
-        prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight)
+        prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
+                           config.search.clustered_from)
         for name, array in prepared.arrays.items():
             writer.array(name, array)
         for name, table in prepared.tables.items():

@@ -76,13 +76,15 @@ def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> n
 def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
     """Cluster of each vector: seeded spherical K-means, K = ceil(sqrt(n)). faiss splits each
     update's centroids among its threads, each summing its centroids' points in point order, so the
-    clusters do not depend on the number of threads."""
+    clusters do not depend on the number of threads. Trained on at most 256 points per centroid
+    (faiss's seeded sample, its default): every point up to 65,536 vectors, where K x 256 reaches
+    n; beyond, training on all of them grew as n^1.5 for centroids no better."""
     n = len(vectors)
     k = max(1, math.ceil(math.sqrt(n)))
     if n <= k:
         return np.arange(n, dtype=np.int64)
     km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
-                      max_points_per_centroid=100000)
+                      max_points_per_centroid=256)
     km.train(np.ascontiguousarray(vectors, dtype=np.float32))
     return km.index.search(vectors, 1)[1].ravel()
 

@@ -23,7 +23,7 @@ process at a chosen point.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import signal
@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import nlp
+from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
@@ -49,9 +49,9 @@ from ..workspace import (
     Workspace,
     WorkspaceError,
     atomic_write_bytes,
+    atomic_write_with,
     file_digest,
     json_digest,
-    npy_bytes,
     write_parquet,
 )
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
@@ -95,7 +95,6 @@ class StageRun:
     engine: Engine
     embedder: Embedder
     reporter: Reporter
-    counter: TokenCounter
     executor: Executor
 
     def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
@@ -165,7 +164,7 @@ def _attributes(run: StageRun) -> dict:
     nodes, edges = run.read("decompose", "nodes.parquet"), run.read("decompose", "edges.parquet")
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, failures = attributes.run(
-        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, run.reporter.advance, run.counter
+        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, run.reporter.advance
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
     run.commit_graph(new_nodes, new_edges, failures)
@@ -179,7 +178,7 @@ def _communities(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, assignments, failures = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-        run.reporter.advance, run.counter,
+        run.reporter.advance,
     )
     run.commit_graph(new_nodes, new_edges, failures)
     run.write("assignments.parquet", assignments.sort_by("id"))
@@ -201,14 +200,16 @@ def _embed(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids, vectors = embed.run(nodes, run.embedder)
     run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
-    atomic_write_bytes(run.path("vectors.npy"), npy_bytes(vectors))
-    return {"vectors": len(ids), "dim": int(vectors.shape[1]) if len(ids) else run.embedder.dim}
+    index = ivf.flat_index(vectors)
+    del vectors
+    atomic_write_with(run.path("vectors.faiss"), lambda name: faiss.write_index(index, name))
+    return {"vectors": len(ids), "dim": index.d}
 
 
 def _similarity(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids = run.read("embed", "ids.parquet")["id"].to_pylist()
-    vectors = np.load(run.ws.stage_path("embed", "vectors.npy"), allow_pickle=False)
+    index, vectors = ivf.read_flat(run.ws.stage_path("embed", "vectors.faiss"))
     settings = run.config.similarity
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}
@@ -218,8 +219,7 @@ def _similarity(run: StageRun) -> dict:
                                                       _previous_neighbours(run.path("neighbours.parquet"), signature))
     else:  # recomputed in full: nothing of an earlier run is reused, so no lists are kept for the next
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
-                                                      similarity_edges.BUCKET, settings.probes,
-                                                      similarity_edges.ASSIGN)
+                                                      settings.probes, similarity_edges.ASSIGN)
         signature["clustered"] = True
     pairs = similarity_edges.pairs(neighbours)
     id_array = np.asarray(ids, dtype=object)
@@ -258,7 +258,7 @@ STAGES: tuple[Stage, ...] = (
           task="community_elements", outputs=("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")),
     Stage("text", _text, upstream=("chunk", "decompose"), outputs=("nodes.parquet", "edges.parquet")),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
-          outputs=("ids.parquet", "vectors.npy")),
+          outputs=("ids.parquet", "vectors.faiss")),
     Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity", "graph"),
           outputs=("neighbours.parquet", "edges.parquet")),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
@@ -446,8 +446,7 @@ def run_pipeline(
     atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
 
     digests: dict[str, str] = {}
-    counter = TokenCounter(ws.cache)
-    _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, counter, executor,
+    _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
                 scan, result, log)
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
@@ -461,7 +460,7 @@ def run_pipeline(
 
 
 def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
-                stop_after: str | None, manifest: dict, digests: dict, counter: TokenCounter, executor: Executor,
+                stop_after: str | None, manifest: dict, digests: dict, executor: Executor,
                 scan: str, result: IndexResult, log) -> None:
     """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
     for stage in STAGES:
@@ -483,10 +482,12 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         _kill_point(stage.name, "start")
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
+        _reset_peak_memory()
         t0 = time.perf_counter()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
-                                  counter, executor))
+                                  executor))
         seconds = time.perf_counter() - t0
+        info["peak_rss_mb"] = _peak_memory_mb()
         digest = info.pop("outputs_digest", None) or outputs_digest(ws, stage)  # a stage that knows it says it
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
@@ -502,23 +503,21 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
             break
 
 
-class TokenCounter:
-    """`nlp.count_tokens` through the workspace cache (namespace "tokens", key: the text's digest):
-    token counts of unchanged nodes are looked up, not re-tokenised, in an update."""
+def _reset_peak_memory() -> None:
+    """Start this process's peak resident memory afresh (Linux), so each stage reports its own."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
-    def __init__(self, cache):
-        self.cache = cache
 
-    def __call__(self, texts: list[str]) -> list[int]:
-        keys = [hashlib.blake2b(t.encode("utf-8"), digest_size=12).hexdigest() for t in texts]
-        found = self.cache.get_many("tokens", keys)
-        todo = list({k: t for k, t in zip(keys, texts, strict=True) if k not in found}.items())
-        if todo:
-            counts = nlp.count_tokens([t for _, t in todo])
-            fresh = [(k, str(c).encode()) for (k, _), c in zip(todo, counts, strict=True)]
-            self.cache.put_many("tokens", fresh)
-            found.update(fresh)
-        return [int(found[k]) for k in keys]
+def _peak_memory_mb() -> int | None:
+    """This process's peak resident memory since the last reset, in MB (Linux); workers not counted."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
 
 
 def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:

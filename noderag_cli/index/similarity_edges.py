@@ -28,19 +28,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..ivf import QUANT, Clusters, in_parallel, quantised
+from ..ivf import BUCKET, QUANT, Clusters, in_parallel, quantised
 
 VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
 CLUSTER_BLOCK = 256  # rows of one cluster scored against their probed clusters at a time
-BUCKET = 256  # clustered index: vectors per cluster, on average
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
                                ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
@@ -204,8 +202,7 @@ def _best_of(parts: list, rows: np.ndarray, n: int, width: int) -> tuple[np.ndar
     return select(r[keep][first], c[keep][first], v[keep][first], len(rows), width)  # by (row, column)
 
 
-def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bucket: int, probes: int,
-                    assign: int) -> Neighbours:
+def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
     clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
     (each row belongs to its `assign` nearest), scored exactly on the grid. The result depends on
@@ -219,7 +216,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, bu
     the best of the nearest clusters bound what the farther ones can bring."""
     n, width = len(keys), k + SLACK
     grid = quantised(vectors)
-    clusters = Clusters.build(grid, keys.tolist(), seed, bucket, probes, assign)
+    clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
     indptr, members = clusters.members()
     laid_out = grid[members]  # each cluster's members, contiguous
     probed = clusters.probes[:, :probes]
@@ -370,11 +367,3 @@ def keys(ids: list[str], vectors: np.ndarray) -> np.ndarray:
     rows = np.ascontiguousarray(vectors, np.float32)
     return np.asarray([f"{i}:{hashlib.blake2b(row, digest_size=8).hexdigest()}" for i, row in zip(ids, rows, strict=True)],
                       dtype=object)
-
-
-def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
-    """The vector index for search: exact inner product over the L2-normalised rows."""
-    index = faiss.IndexFlatIP(vectors.shape[1])
-    if len(vectors):
-        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    return index

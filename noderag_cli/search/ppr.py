@@ -80,30 +80,35 @@ class WalkMatrix:
         return self.indices[offsets], self.inverse[owner] * self.weights[offsets]
 
 
-def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray) -> np.ndarray:
-    """mass^T P for mass on `rows` only: gathers those rows of P and sums them into a dense vector."""
+def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mass^T P for mass on `rows` only, as (the columns it reaches and the rows `also`, sorted;
+    their sums): gathers those rows of P and sums each column's entries in order (the bits of a
+    dense np.bincount), in arrays the size of what was gathered, not of the graph."""
     columns, values = walk.entries(rows)
     weights = values * np.repeat(mass, np.diff(walk.indptr)[rows])
-    # astype: with no entries at all (entry points without edges) bincount returns integers
-    return np.bincount(columns, weights=weights, minlength=walk.n).astype(np.float64, copy=False)
+    reached, at = np.unique(np.concatenate([columns, also]), return_inverse=True)
+    sums = np.bincount(at[: len(columns)], weights=weights, minlength=len(reached))
+    return reached, sums.astype(np.float64, copy=False)  # no entries at all: bincount gives integers
 
 
 def shallow_ppr(walk: WalkMatrix, entries: np.ndarray, alpha: float, iterations: int,
                 variant: str = "paper") -> tuple[np.ndarray, np.ndarray]:
     """PPR from a uniform start on `entries`, as (support rows sorted, scores). A step reads only the
-    rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph; the
-    teleport term is added on the entries alone, in place."""
+    rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph: the
+    frontier is sparse, no array of the graph's size is made; the teleport term is added on the
+    entries alone."""
     entries = np.unique(entries)
     start = 1.0 / len(entries)
     support, mass = entries, np.full(len(entries), start)
     for _ in range(iterations):
-        pi = _walk(walk, support, mass)
         if variant == "paper":  # alpha p + (1 - alpha) P^T pi
+            reached, pi = _walk(walk, support, mass, entries)
             pi *= 1 - alpha
-            pi[entries] += alpha * start
+            pi[np.searchsorted(reached, entries)] += alpha * start
         else:  # lazy: alpha P^T pi + (1 - alpha) pi
+            reached, pi = _walk(walk, support, mass, support)
             pi *= alpha
-            pi[support] += (1 - alpha) * mass
-        support = np.flatnonzero(pi > 0)  # on a boolean mask: several times faster than on floats
-        mass = pi[support]
+            pi[np.searchsorted(reached, support)] += (1 - alpha) * mass
+        kept = pi > 0
+        support, mass = reached[kept], pi[kept]
     return support, mass

@@ -13,7 +13,8 @@ read by deriving the same structures in memory (`prepare` on its tables).
 | tokens | per node, tokens of its text (int32) |
 | vector_of_node | per node, its row in vectors.faiss or -1 (int32) |
 | node_of_vector, scanned_rows | per vector, its node; the vector rows of the S, A, H nodes |
-| scan8.faiss | an int8 copy of the S, A, H vectors (`scan8` in the manifest: scale, rounding error) |
+| scan8.faiss | below `search.clustered_from` S, A, H vectors: an int8 copy of them (`scan8` in the manifest: scale, rounding error) |
+| cluster_centroids, cluster_indptr, cluster_rows | from there on: their clusters (`ivf.Clusters`): unit centroids, and each cluster's vector rows |
 | walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
@@ -31,12 +32,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import ivf
 from ..graph import csr_arrays
 from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 2  # of these structures' definition (2: name hashes from CRC-32 and Adler-32); a build of another is rebuilt
+VERSION = 3  # of these structures' definition (3: clusters for large builds); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
@@ -172,8 +174,18 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.n
     return arrays, tables, {"sentence_keys": key_count}
 
 
+def vector_clusters(vectors: np.ndarray, names: list[str], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The clusters the vector side probes in a large build: (unit centroids (c, d) float32, indptr,
+    members as positions in `vectors`), each vector in its nearest cluster; order-free, as
+    `ivf.Clusters` is, so the same vectors give the same bytes."""
+    grid = ivf.quantised(vectors)
+    clusters = ivf.Clusters.build(grid, names, seed, ivf.BUCKET, 1, 1)
+    indptr, members = clusters.members()
+    return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
+
+
 def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
-            similarity_weight: float) -> Prepared:
+            similarity_weight: float, seed: int = 42, clustered_from: int | None = None) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
     tables and the vectors (row i = `vector_row` i)."""
     out = Prepared()
@@ -194,9 +206,17 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         out.arrays["node_of_vector"] = node_of_vector
         scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
         out.arrays["scanned_rows"] = scanned_rows
-        index, scale, error = scan8(vectors[scanned_rows])
-        out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
-        out.meta["scan8"] = {"scale": scale, "error": error}
+        if clustered_from is not None and len(scanned_rows) >= clustered_from:
+            names = nodes["id"].take(pa.array(node_of_vector[scanned_rows])).to_pylist()
+            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names, seed)
+            out.arrays["cluster_centroids"] = centroids
+            out.arrays["cluster_indptr"] = indptr
+            out.arrays["cluster_rows"] = scanned_rows[members]
+            out.meta["clusters"] = len(centroids)
+        else:
+            index, scale, error = scan8(vectors[scanned_rows])
+            out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
+            out.meta["scan8"] = {"scale": scale, "error": error}
 
         structural, similar = split_adjacency(nodes, edges)
         walk = walk_matrix(structural, similar, similarity_weight)

@@ -16,6 +16,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
+from .. import ivf
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder
 from ..engines.base import Engine
@@ -124,14 +125,6 @@ def _mapped(array: np.ndarray) -> np.ndarray:
     return np.asarray(array)
 
 
-def _vectors_of(index: faiss.Index, dim: int) -> np.ndarray:
-    """The float32 rows of a flat faiss index, as a view on its (memory-mapped) codes."""
-    if index.ntotal == 0:
-        return np.zeros((0, dim), np.float32)
-    codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * dim * 4)
-    return codes.view(np.float32).reshape(index.ntotal, dim)
-
-
 def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[Prepared, np.ndarray]:
     """The structures a generation holds, derived in memory from a workspace in the layout from
     before generations (its next `index` writes them to disk)."""
@@ -177,11 +170,11 @@ class Retriever:
                 raise generation.damaged("manifest.json", f"its search structures are of version {meta.get('version')}, "
                                                           f"this noderag reads {PREPARED_VERSION}")
             vector_index = self._read_index("vectors.faiss")
-            self._scan8_index = self._read_index("scan8.faiss")
+            self._scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
             if vector_index.d != embedder.dim:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
             self._vector_index = vector_index  # owns the mapped memory `vectors` views
-            self.vectors = _vectors_of(vector_index, embedder.dim)
+            self.vectors = ivf.flat_vectors(vector_index)
         node_text = data.arrow("node_text")
         self._id_column, self._text_column = node_text["id"], node_text["text"]
         self.type_codes = _mapped(data.array("type_codes"))
@@ -189,17 +182,23 @@ class Retriever:
         self.vector_of_node = _mapped(data.array("vector_of_node"))
         self.node_of_vector = _mapped(data.array("node_of_vector"))
         self.scanned_rows = _mapped(data.array("scanned_rows"))
-        self.scan8_scale, self.scan8_error = meta["scan8"]["scale"], meta["scan8"]["error"]
+        if "scan8" in meta:
+            self.scan8_scale, self.scan8_error = meta["scan8"]["scale"], meta["scan8"]["error"]
+        self.clusters = None  # (unit centroids, indptr, vector rows) in a large build
+        if "clusters" in meta:
+            self.clusters = tuple(_mapped(data.array(name)) for name in ("cluster_centroids", "cluster_indptr",
+                                                                          "cluster_rows"))
         self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(data.array(n)) for n in WALK_ARRAYS))}
         self.leads_indptr, self.leads_indices = _mapped(data.array("leads_indptr")), _mapped(data.array("leads_indices"))
         self.key_indptr, self.key_ids = _mapped(data.array("key_indptr")), _mapped(data.array("key_ids"))
         self.key_count = int(meta["sentence_keys"])
         self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
         self.document_names = data.arrow("document_names")["path"]
-        self._paths = np.full(len(self.document_names), None, dtype=object)  # filled as paths are shown
+        self._paths: dict[int, str] = {}  # filled as paths are shown
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
         self.kernels = None
         if loading is not None:
@@ -207,6 +206,14 @@ class Retriever:
             from . import kernels
 
             self.kernels = kernels
+
+    def _scratch(self, name: str, size: int, dtype) -> np.ndarray:
+        """A zeroed array the kernels use and leave zeroed, made once per session and thread (its
+        pages are the operating system's zero pages until written), never per question."""
+        key = (name, size, threading.get_ident())
+        if key not in self._scratches:
+            self._scratches[key] = np.zeros(size, dtype)
+        return self._scratches[key]
 
     def _read_index(self, file: str) -> faiss.Index:
         path = self.generation.path(file)
@@ -307,6 +314,19 @@ class Retriever:
                 return None
         return self.node_of_vector[self.scanned_rows[candidates[order]]], exact[order]
 
+    def _probe_top(self, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k S, A and H vectors most similar to `query` among the members of its `probes`
+        nearest clusters (exact cosines, best first, ties by row): a cost set by the probes, not by
+        the size of the build."""
+        centroids, indptr, members = self.clusters
+        nearness = inner_products(centroids, query)
+        probes = min(probes, len(nearness))
+        probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
+        rows = members[row_entries(indptr, np.sort(probed))]
+        exact = inner_products_at(self.vectors, query, rows)
+        order = np.lexsort((rows, -exact))[:k]
+        return self.node_of_vector[rows[order]], exact[order]
+
     def similarities(self, query: np.ndarray) -> np.ndarray:
         """Cosine of the query to the S, A and H vectors, in the order of `_typed_vectors(SCANNED)`:
         one exact float32 scan. The search itself scans the int8 copy (`_scan8_top`); this is the
@@ -314,12 +334,14 @@ class Retriever:
         return inner_products(self._typed_vectors(SCANNED)[1], query)
 
     def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...],
-                      similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(node rows, similarities) of the k nodes of the given types most similar to `query`,
-        exactly, best first, ties by id: for SCANNED types from `similarities` already computed, else
-        from the int8 scan (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat
-        scan."""
+                      similarities: np.ndarray | None = None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(node rows, similarities) of the k nodes of the given types most similar to `query`, best
+        first, ties by id: for SCANNED types from `similarities` already computed, else in a large
+        build from its clusters (`_probe_top`, `probes` of them), else exactly from the int8 scan
+        (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat scan."""
         if types == SCANNED and similarities is None and 0 < k < len(self.scanned_rows):
+            if self.clusters is not None:
+                return self._probe_top(query, k, probes or self.config.search.vector_probes)
             found = self._scan8_top(query, k)
             if found is not None:
                 return found
@@ -374,7 +396,8 @@ class Retriever:
         if params.use_vector and params.vector_top_k > 0:
             if query_vector is None:
                 query_vector = self.embed_question(question)
-            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, SCANNED, similarities)
+            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, SCANNED, similarities,
+                                                         params.vector_probes)
             vector_rows = vector_rows[similarity >= params.min_similarity]
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
@@ -400,7 +423,7 @@ class Retriever:
         rows, relevance = self.select(support, mass, entries, params, query_vector)  # rows ascending
         if self.kernels is not None:
             kept = self.kernels.fit_budget(rows[np.lexsort((rows, -relevance))], self.tokens, params.budget_tokens,
-                                           self.key_indptr, self.key_ids, np.zeros(self.key_count, bool))
+                                           self.key_indptr, self.key_ids, self._scratch("keys", self.key_count, bool))
         else:
             kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
         result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
@@ -415,7 +438,7 @@ class Retriever:
         if self.kernels is None or params.ppr_variant != "paper":
             return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant)
         return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, np.unique(entries),
-                                      params.ppr_alpha, params.ppr_iterations, np.zeros(walk.n))
+                                      params.ppr_alpha, params.ppr_iterations, self._scratch("walk", walk.n, np.float64))
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
                query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -498,12 +521,12 @@ class Retriever:
         """Document paths by code, each read from the mapped build once per session: a context
         lists hundreds of paths, mostly the same few, and Python strings made afresh cost more
         than the search."""
-        known = self._paths[codes]
-        missing = np.unique(codes[np.equal(known, None)])
-        if len(missing):
-            self._paths[missing] = self.document_names.take(pa.array(missing)).to_pylist()
-            known = self._paths[codes]
-        return known.tolist()
+        paths = self._paths
+        codes = codes.tolist()
+        missing = sorted({c for c in codes if c not in paths})
+        if missing:
+            paths.update(zip(missing, self.document_names.take(pa.array(missing, pa.int64())).to_pylist(), strict=True))
+        return [paths[c] for c in codes]
 
     def _nodes(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """nodes_for with `scores` given per row of `rows`."""

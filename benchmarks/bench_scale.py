@@ -1,0 +1,262 @@
+"""Indexing and search as the corpus grows: 2,000 to 100,000 passages, offline, on this machine.
+
+    python -m benchmarks.bench_scale [--sizes 2000,8000,32000,100000] [--data ../shared/eval]
+                                     [--work bench-out/scale] [--runs 5] [--questions 50]
+
+Each size is a corpus from `benchmarks.corpus` (the dev sets' passages, then renamed copies; a
+smaller corpus is a prefix of a larger one) indexed from scratch by a `noderag index --json` child
+process. Per size: wall time, seconds and peak resident memory per stage (the stages' own report),
+peak resident memory of the whole process tree (the indexing process and its workers, sampled
+every 0.2 s from /proc), disk (files counted once however many names they have) against the raw
+text, retrieval latency in-process (`api.open_workspace`, MuSiQue's questions: the median of
+`--runs` rounds per question, then p50 and p95 over the questions), one `noderag query
+--context-only` process (median of `--runs`), and how many of the exact 64 nearest neighbours the
+similarity candidates hold (`--sample` nodes). Then growth exponents between sizes, per stage and
+for the whole build. Prints a Markdown section; progress goes to stderr. Without the data folder
+the section says so and the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.corpus import DEFAULT_DATA, available, write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
+
+
+def log(message: str) -> None:
+    print(f"[bench_scale] {message}", file=sys.stderr, flush=True)
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of a process and all its descendants, in MB."""
+    parents, rss = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            parents[int(entry)] = int(fields[1])
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total = 0
+    for pid, size in rss.items():
+        walker = pid
+        while walker not in (0, 1) and walker != root:
+            walker = parents.get(walker, 0)
+        if walker == root:
+            total += size
+    return total / 1e6
+
+
+def run_measured(command: list[str]) -> tuple[float, float, int, str]:
+    """(wall seconds, peak RSS of the process tree in MB, exit code, stdout) of a child process."""
+    out_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}.out"
+    with open(out_path, "wb") as out:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, cwd=ROOT)
+        peak, stop = [0.0], threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.2):
+                peak[0] = max(peak[0], tree_rss_mb(process.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        code = process.wait()
+        wall = time.perf_counter() - started
+        stop.set()
+        sampler.join()
+    text = out_path.read_text()
+    out_path.unlink()
+    return wall, peak[0], code, text
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes on disk of a folder's files, each inode once (a hard link is not a second copy)."""
+    seen, total = set(), 0
+    for base, _, files in os.walk(folder):
+        for name in files:
+            info = os.lstat(os.path.join(base, name))
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    return total
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "noderag_cli.cli", *args]
+
+
+def retrieval_latency(workspace: Path, questions: list[str], rounds: int) -> tuple[float, float]:
+    """p50 and p95 over the questions of each question's median retrieval time, in ms."""
+    from noderag_cli import api
+
+    with api.open_workspace(workspace) as session:
+        for question in questions[:3]:
+            session.retrieve(question)  # first touches of the mapped build
+        medians = [statistics.median(session.retrieve(q).timings["retrieval_ms"] for _ in range(rounds))
+                   for q in questions]
+    return float(np.percentile(medians, 50)), float(np.percentile(medians, 95))
+
+
+def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | None:
+    """The share of the exact 64 nearest neighbours (by the grid's exact cosine) that a node's
+    similarity candidates hold, over `sample` nodes: recomputed for those nodes as the build
+    defines them (all nodes below similarity.exact_below, else the probed clusters' members)."""
+    import pyarrow.parquet as pq
+
+    from noderag_cli import ivf
+    from noderag_cli.config import load_config
+    from noderag_cli.index import similarity_edges as se
+
+    config = load_config(workspace / "config.yaml")
+    ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
+    _, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    n, k = len(ids), config.similarity.neighbours
+    if n < config.similarity.exact_below:
+        return 1.0
+    grid = ivf.quantised(vectors)
+    rows = np.sort(np.random.default_rng(seed).choice(n, min(sample, n), replace=False))
+    exact, _ = se.top_k(se.scores_against(grid, rows), rows, k)
+    clusters = ivf.Clusters.build(grid, se.keys(ids, vectors).tolist(), config.graph.seed, ivf.BUCKET,
+                                  config.similarity.probes, se.ASSIGN)
+    indptr, members = clusters.members()
+    found = []
+    for position, row in enumerate(rows):
+        probed = clusters.probes[row, : config.similarity.probes]
+        candidates = np.unique(np.concatenate([members[indptr[c] : indptr[c + 1]] for c in probed]))
+        candidates = candidates[candidates != row]
+        scores = (grid[row] @ grid[candidates].T) / np.float32(ivf.QUANT**2)
+        best = candidates[np.lexsort((candidates, -scores))[:k]]
+        found.append(len(set(best.tolist()) & set(exact[position].tolist())) / k)
+    return float(np.mean(found))
+
+
+def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
+    if small <= 0 or large <= 0:
+        return float("nan")
+    return math.log(large / small) / math.log(n_large / n_small)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2000,8000,32000,100000")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-out" / "scale")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--questions", type=int, default=50)
+    parser.add_argument("--sample", type=int, default=500)
+    args = parser.parse_args(argv)
+    title = "## Scale: indexing and search from 2,000 to 100,000 passages"
+    if not available(args.data):
+        print(f"{title}\n\nskipped: {args.data} holds no MuSiQue and HotpotQA corpora")
+        return 0
+    sys.path.insert(0, str(ROOT))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    questions = [q["question"] for q in json.loads((args.data / "musique" / "questions.json").read_text())]
+    questions = questions[: args.questions]
+    rows = {}
+    for size in sizes:
+        corpus, workspace = args.work / f"corpus-{size}", args.work / f"ws-{size}"
+        log(f"{size:,} passages: writing the corpus")
+        raw = write_corpus(args.data, corpus, size)
+        shutil.rmtree(workspace, ignore_errors=True)
+        log(f"{size:,} passages: indexing")
+        wall, peak, code, out = run_measured(cli("index", str(workspace), "--input", str(corpus), "--json"))
+        if code != 0:
+            print(f"{title}\n\n`noderag index` of {size:,} passages exited {code}")
+            return 1
+        stages = json.loads(out)["stages"]
+        manifest = json.loads((workspace / "manifest.json").read_text())["stages"]
+        log(f"{size:,} passages: {wall:.0f} s, peak {peak:,.0f} MB; searching")
+        p50, p95 = retrieval_latency(workspace, questions, args.runs)
+        query_walls = [run_measured(cli("query", str(workspace), questions[0], "--context-only"))[0]
+                       for _ in range(args.runs)]
+        recall = candidate_recall(workspace, args.sample)
+        rows[size] = {
+            "wall": wall, "peak": peak, "raw": raw, "disk": disk_bytes(workspace),
+            "seconds": {s: stages[s]["seconds"] for s in STAGES},
+            "stage_peak": {s: manifest[s].get("peak_rss_mb") for s in STAGES},
+            "p50": p50, "p95": p95, "query_process": statistics.median(query_walls), "recall": recall,
+            "nodes": sum(json.loads(out).get("nodes", {}).values()),
+        }
+        log(f"{size:,} passages: p50 {p50:.2f} ms, query process {rows[size]['query_process']:.2f} s, "
+            f"candidate recall {recall}")
+    print("\n".join(report(rows, sizes, args)))
+    return 0
+
+
+def report(rows: dict, sizes: list[int], args) -> list[str]:
+    lines = ["## Scale: indexing and search from 2,000 to 100,000 passages", "",
+             f"Command: `python -m benchmarks.bench_scale --sizes {args.sizes} --runs {args.runs} --questions "
+             f"{args.questions}` (`make bench-scale`). Corpora from `benchmarks/corpus.py`: the dev sets' passages, "
+             "then copies with every capitalised word renamed; each size indexed from scratch, offline, by one "
+             "`noderag index` process and its workers. Peak RSS: the whole process tree, sampled every 0.2 s. "
+             f"Latency: MuSiQue's first {args.questions} questions, the median of {args.runs} rounds each, then p50 "
+             "and p95 over the questions; the query process: `noderag query --context-only`, the median of "
+             f"{args.runs} runs.", "",
+             "| passages | nodes | wall s | peak RSS MB | disk MB | disk / raw text | retrieval p50 ms | p95 ms | "
+             "query process s | candidate recall@64 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size in sizes:
+        r = rows[size]
+        lines.append(f"| {size:,} | {r['nodes']:,} | {r['wall']:.1f} | {r['peak']:,.0f} | {r['disk'] / 1e6:,.0f} | "
+                     f"{r['disk'] / r['raw']:.1f}x | {r['p50']:.2f} | {r['p95']:.2f} | {r['query_process']:.2f} | "
+                     f"{r['recall']:.3f} |")
+    lines += ["", "Seconds per stage (and the stage's own peak RSS in MB, the indexing process without its "
+              "workers):", "", "| stage | " + " | ".join(f"{s:,}" for s in sizes) + " |",
+              "|---|" + "---:|" * len(sizes)]
+    for stage in STAGES:
+        cells = [f"{rows[s]['seconds'][stage]:.1f} ({rows[s]['stage_peak'][stage] or 0:,})" for s in sizes]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines.append("| **process wall time** | " + " | ".join(f"**{rows[s]['wall']:.1f}**" for s in sizes) + " |")
+    if len(sizes) > 1:
+        pairs = list(zip(sizes, sizes[1:], strict=False))
+        lines += ["", "Growth exponents, log(time ratio) / log(size ratio):", "",
+                  "| stage | " + " | ".join(f"{a:,} → {b:,}" for a, b in pairs) + " |", "|---|" + "---:|" * len(pairs)]
+        for stage in STAGES:
+            lines.append(f"| {stage} | " + " | ".join(
+                f"{exponent(rows[a]['seconds'][stage], rows[b]['seconds'][stage], a, b):.2f}" for a, b in pairs) + " |")
+        lines.append("| **whole build** | " + " | ".join(
+            f"**{exponent(rows[a]['wall'], rows[b]['wall'], a, b):.2f}**" for a, b in pairs) + " |")
+        lines.append("| retrieval p50 | " + " | ".join(
+            f"{exponent(rows[a]['p50'], rows[b]['p50'], a, b):.2f}" for a, b in pairs) + " |")
+    lines += ["", *goals(rows, sizes)]
+    return lines
+
+
+def goals(rows: dict, sizes: list[int]) -> list[str]:
+    """The issue's figures, where the sizes measured allow them."""
+    out = []
+    small, large = sizes[0], sizes[-1]
+    middle = next((s for s in sizes if s >= 8000), small)
+    if large > middle:
+        whole = exponent(rows[middle]["wall"], rows[large]["wall"], middle, large)
+        out.append(f"- Whole-build exponent {middle:,} → {large:,}: **{whole:.2f}** (target at most 1.15).")
+    r = rows[large]
+    out.append(f"- {large:,} passages: **{r['wall'] / 60:.1f} min** (target at most 15), peak RSS **{r['peak']:,.0f} MB** "
+               f"(target at most 8,000), disk **{r['disk'] / r['raw']:.1f}x** the raw text (target at most 25x).")
+    out.append(f"- Retrieval p50 at {large:,}: **{r['p50']:.2f} ms** (target at most 10), "
+               f"{r['p50'] / rows[small]['p50']:.2f}x its value at {small:,} (target at most 2x); one query process "
+               f"{r['query_process'] / rows[small]['query_process']:.2f}x (target at most 1.2x).")
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""Indexing and search built for size, on real workspaces made by the CLI: the clustered
+similarity candidates and the clustered vector side (forced on the sample corpus by config),
+updates on that path equal to fresh builds, the same tables from one worker as from several, and a
+walk that never makes arrays of the graph's size.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index
+
+from noderag_cli import api, ivf
+from noderag_cli.index import similarity_edges as se
+from noderag_cli.search.ppr import shallow_ppr
+
+CLUSTERED = "similarity: {exact_below: 0, probes: 4}\nsearch: {clustered_from: 0, vector_probes: 3}\n"
+
+
+@pytest.fixture(scope="module")
+def clustered_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "clustered.yaml"
+    path.write_text(CLUSTERED)
+    return path
+
+
+@pytest.fixture(scope="module")
+def clustered_build(tmp_path_factory, clustered_config) -> Path:
+    workspace = tmp_path_factory.mktemp("clustered") / "ws"
+    index(workspace, SAMPLE_CORPUS, "--config", clustered_config)
+    return workspace
+
+
+def test_clustered_candidates_are_the_exact_best_of_the_probed_clusters():
+    """Every list is the best k of its probed clusters' members by the grid's exact cosine, ties by
+    row; and with every cluster probed it is the exact k nearest of all."""
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((900, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = np.asarray([f"S_{i:04d}:x" for i in range(len(vectors))], dtype=object)
+    k, probes = 8, 3
+    lists = se.clustered_lists(keys, vectors, k, seed=1, probes=probes, assign=2)
+    grid = ivf.quantised(vectors)
+    clusters = ivf.Clusters.build(grid, keys.tolist(), 1, ivf.BUCKET, probes, 2)
+    indptr, members = clusters.members()
+    for row in range(0, len(vectors), 37):
+        own = np.unique(np.concatenate([members[indptr[c] : indptr[c + 1]] for c in clusters.probes[row, :probes]]))
+        own = own[own != row]
+        scores = (grid[row] @ grid[own].T) / np.float32(ivf.QUANT**2)
+        best = own[np.lexsort((own, -scores))][: k + se.SLACK]
+        assert lists.candidates[row, : len(best)].tolist() == best.tolist()
+    everything = se.clustered_lists(keys, vectors, k, seed=1, probes=len(clusters.centroids), assign=2)
+    exact = se.neighbour_lists(keys, vectors, k)
+    assert np.array_equal(everything.candidates[:, :k], exact.candidates[:, :k])
+    assert np.array_equal(everything.kept, exact.kept)
+
+
+def test_clusters_are_a_function_of_the_set_of_vectors():
+    """The same vectors, in another order, give the same centroids and the same clusters."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((700, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = [f"T_{i:04d}" for i in range(700)]
+    order = rng.permutation(700)
+    a = ivf.Clusters.build(ivf.quantised(vectors), keys, 5, 64, 3, 1)
+    b = ivf.Clusters.build(ivf.quantised(vectors[order]), [keys[i] for i in order], 5, 64, 3, 1)
+    assert np.array_equal(a.centroids, b.centroids)
+    assert np.array_equal(a.probes[order], b.probes)
+
+
+def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_build, clustered_config):
+    """Documents added, changed and deleted on a workspace whose similarity edges and vector side
+    come from clusters: the update's tables equal a fresh build's, byte for byte."""
+    folder = shutil.copytree(SAMPLE_CORPUS, tmp_path / "docs")
+    workspace = copy_workspace(clustered_build, tmp_path / "ws")
+    documents = sorted(p for p in folder.rglob("*") if p.suffix in (".md", ".txt"))
+    documents[0].unlink()
+    documents[1].write_text(documents[1].read_text() + "\n\nThe archive moved to Dunholt in 1977 after the flood.\n")
+    (folder / "new.md").write_text("# Calder Point\n\nCalder Point Shipworks built the Orlen ferries in 1911.\n")
+    updated = index(workspace, folder, "--config", clustered_config)
+    assert updated.json()["stages"]["similarity"]["skipped"] is False
+    fresh = tmp_path / "fresh"
+    index(fresh, folder, "--config", clustered_config)
+    assert_same_tables(workspace, fresh)
+    assert build_file(workspace, "vectors.faiss").read_bytes() == build_file(fresh, "vectors.faiss").read_bytes()
+    for name in ("cluster_centroids.npy", "cluster_rows.npy"):
+        assert build_file(workspace, name).read_bytes() == build_file(fresh, name).read_bytes()
+
+
+def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_path):
+    """With every cluster probed, the clustered vector side returns exactly the scan's top k; with
+    a few, each result is a true cosine and a subset of the scan's candidates."""
+    with api.open_workspace(clustered_build, compiled=False) as session:
+        retriever = session.retriever
+        assert retriever.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
+        count = len(retriever.clusters[0])
+        for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?"):
+            query = retriever.embed_question(question)
+            everything = retriever.vector_search(query, 10, ("S", "A", "H"), probes=count)
+            flat = retriever.vector_search(query, 10, ("S", "A", "H"), retriever.similarities(query))
+            assert everything[0].tolist() == flat[0].tolist()
+            assert np.allclose(everything[1], flat[1])
+            few_rows, few_scores = retriever.vector_search(query, 10, ("S", "A", "H"), probes=1)
+            rows = retriever.vector_of_node[few_rows]
+            assert np.allclose(few_scores, retriever.vectors[rows] @ query, atol=1e-6)
+
+
+def test_one_worker_and_several_give_the_same_tables(tmp_path, built):
+    """`executor.workers: 1` (all in one process) against the default (a worker per core, at least 2
+    here): the same tables, byte for byte."""
+    one = tmp_path / "one.yaml"
+    one.write_text("executor: {workers: 1}\n")
+    several = tmp_path / "several.yaml"
+    several.write_text("executor: {workers: 3}\n")
+    index(tmp_path / "a", SAMPLE_CORPUS, "--config", one)
+    index(tmp_path / "b", SAMPLE_CORPUS, "--config", several)
+    assert_same_tables(tmp_path / "a", tmp_path / "b")
+    assert_same_tables(tmp_path / "a", built)
+
+
+def test_the_walk_makes_no_array_of_the_graphs_size(built, monkeypatch):
+    """The numpy walk gives the same support and mass as a dense reference, and never asks numpy
+    for an array as long as the graph."""
+    with api.open_workspace(built, compiled=False) as session:
+        walk = session.retriever.walk_matrix(0.0)
+        entries = np.array([3, 40, 41], np.int64)
+        dense = np.zeros(walk.n)
+        dense[entries] = 1 / 3
+        p = walk.as_csr()
+        for _ in range(3):
+            step = np.asarray(p.T @ dense).ravel() * 0.5
+            step[entries] += 0.5 / 3
+            dense = step
+        sizes = []
+        real_bincount = np.bincount
+
+        def watched(*args, **kwargs):
+            sizes.append(kwargs.get("minlength", 0))
+            return real_bincount(*args, **kwargs)
+
+        monkeypatch.setattr(np, "bincount", watched)
+        support, mass = shallow_ppr(walk, entries, 0.5, 3)
+        assert max(sizes) < walk.n
+        assert support.tolist() == np.flatnonzero(dense > 0).tolist()
+        assert np.allclose(mass, dense[support], rtol=1e-12)
+
+
+def test_stage_reports_its_peak_memory(built):
+    stages = pq.read_table(build_file(built, "nodes.parquet")).num_rows  # the build exists
+    assert stages
+    import json
+
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert all(info.get("peak_rss_mb", 0) > 0 for info in manifest["stages"].values())
