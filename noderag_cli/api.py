@@ -59,11 +59,12 @@ def workspace_config(ws: Workspace, config_path: Path | None = None, overrides: 
     return load_config(config_path, overrides)
 
 
-def make_engine(config: Config, cache: Cache | None, embedder: Embedder) -> Engine:
+def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executor=None) -> Engine:
+    """The engine a config names; with a cluster's `executor`, its LLM calls run on the cluster."""
     if config.llm.engine == "litellm":
         from .engines.llm import LiteLLMEngine
 
-        return LiteLLMEngine(config.llm, cache)
+        return LiteLLMEngine(config.llm, cache, executor=executor)
     return OfflineEngine(embedder, cache)
 
 
@@ -104,7 +105,7 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
     executor = make_executor(config.executor)
     try:
         embedder = Embedder(config.embedding, ws.cache, executor)
-        engine = make_engine(config, ws.cache, embedder)
+        engine = make_engine(config, ws.cache, embedder, executor)
         if config.llm.engine != "offline":
             engine.check_connection()
         return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)

@@ -48,7 +48,8 @@ class SimilarityConfig(_Section):
     exact_below: int = Field(
         60_000, ge=0, description="embedded nodes below which every node is scored against every other (exact); "
         "from there candidates come from the clustered index (docs/benchmarks.md: where each is faster)")
-    probes: int = Field(24, ge=1, description="clustered index: nearest clusters whose members are a node's candidates")
+    probes: int = Field(16, ge=1, description="clustered index: nearest clusters whose members are a node's "
+                        "candidates (more: closer to the exact lists, slower; docs/benchmarks.md)")
 
 
 class LLMConfig(_Section):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import ConfigError, ExecutorConfig
+from .config import ConfigError, ExecutorConfig, LLMConfig
 
 MAX_RETRIES = 3  # runs of a task whose worker died, before the run fails
 
@@ -40,6 +40,7 @@ class RayExecutor:
             raise ConfigError(f"cannot join the Ray cluster at {self.address}: {str(err).splitlines()[0][:200]} "
                               "(start one with `ray start --head`, or set executor.address)") from None
         self._remote: dict[Callable, Any] = {}
+        self._limiter: RemoteLimiter | None = None
 
     def __repr__(self) -> str:
         return f"Ray cluster at {self.address}"
@@ -64,6 +65,61 @@ class RayExecutor:
                 done(batch, results[-1])
         return results
 
+    def shared_limiter(self, llm: LLMConfig) -> RemoteLimiter:
+        """The one limiter of this run's LLM calls on the cluster (an actor), made on first use:
+        llm.requests_per_minute and llm.tokens_per_minute hold for the whole cluster."""
+        if self._limiter is None:
+            ray = _ray()
+            actor = ray.remote(num_cpus=0)(_SharedLimiter).remote(llm.requests_per_minute, llm.tokens_per_minute)
+            self._limiter = RemoteLimiter(actor, llm.requests_per_minute, llm.tokens_per_minute)
+        return self._limiter
+
     def close(self) -> None:
         """Leave the cluster (it keeps running for other drivers)."""
+        self._limiter = None
         _ray().shutdown()
+
+
+class _SharedLimiter:
+    """A Ray actor around one `SlidingWindowLimiter`: every worker's requests are admitted here."""
+
+    def __init__(self, max_requests: int | None, max_tokens: int | None):
+        from .engines.limiter import SlidingWindowLimiter
+
+        self.limiter = SlidingWindowLimiter(max_requests, max_tokens)
+        self.held: dict[int, object] = {}
+        self.issued = 0
+
+    async def acquire(self, tokens: int) -> int:
+        reservation = await self.limiter.acquire(tokens)
+        self.issued += 1
+        self.held[self.issued] = reservation
+        return self.issued
+
+    async def settle(self, reservation: int, tokens: int) -> None:
+        held = self.held.pop(reservation, None)
+        if held is not None:
+            self.limiter.settle(held, tokens)
+
+    async def pause(self, seconds: float) -> None:
+        self.limiter.pause(seconds)
+
+
+class RemoteLimiter:
+    """What an engine on a worker sees of the shared limiter: the local limiter's interface."""
+
+    def __init__(self, actor, max_requests: int | None, max_tokens: int | None):
+        self.actor, self.max_requests, self.max_tokens = actor, max_requests, max_tokens
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_requests is not None or self.max_tokens is not None
+
+    async def acquire(self, tokens: int = 0) -> int:
+        return await self.actor.acquire.remote(tokens)
+
+    def settle(self, reservation: int, tokens: int) -> None:
+        self.actor.settle.remote(reservation, tokens)
+
+    def pause(self, seconds: float) -> None:
+        self.actor.pause.remote(seconds)

@@ -51,7 +51,7 @@ def test_clustered_candidates_are_the_exact_best_of_the_probed_clusters():
         own = np.unique(np.concatenate([members[indptr[c] : indptr[c + 1]] for c in clusters.probes[row, :probes]]))
         own = own[own != row]
         scores = (grid[row] @ grid[own].T) / np.float32(ivf.QUANT**2)
-        best = own[np.lexsort((own, -scores))][: k + se.SLACK]
+        best = own[np.lexsort((own, -scores))][:k]
         assert lists.candidates[row, : len(best)].tolist() == best.tolist()
     everything = se.clustered_lists(keys, vectors, k, seed=1, probes=len(clusters.centroids), assign=2)
     exact = se.neighbour_lists(keys, vectors, k)

@@ -228,6 +228,39 @@ class _CacheWriter:
                 writer.pool.submit(int).result(timeout)
 
 
+# --------------------------------------------------------------------------- on a cluster
+CLUSTER_BATCH = 8  # distinct requests per task on a cluster's worker
+
+
+class _Recorder:
+    """The cache of an engine on a cluster's worker: nothing to find, writes kept for the driver."""
+
+    read_only = False
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, bytes]] = []
+
+    def get_many(self, ns: str, keys) -> dict:
+        return {}
+
+    def put_many(self, ns: str, items) -> None:
+        self.written.extend(items)
+
+    def put(self, ns: str, key: str, value: bytes) -> None:
+        self.written.append((key, value))
+
+
+def remote_batch(job) -> tuple[list, list[tuple[str, bytes]], TaskStats | None, dict]:
+    """A cluster worker's share of `LiteLLMEngine._batch_on_cluster`: the items' replies (or
+    Failure), the cache entries to write, the task's accounting and its failure reasons."""
+    config, task, items, limiter, _ = job
+    cache = _Recorder()
+    engine = LiteLLMEngine(config, cache, limiter=limiter)  # type: ignore[arg-type]
+    values = engine._batch(task, items, None)
+    _CacheWriter.drain()
+    return values, cache.written, engine.stats.by_task.get(task), dict(engine.stats.failure_reasons)
+
+
 # --------------------------------------------------------------------------- retries
 class _CallFailed(Exception):
     """A request given up on; `category` is what `EngineStats.failure_reasons` counts."""
@@ -383,15 +416,19 @@ class LiteLLMEngine:
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
         rate_limit_retries: int = 100,
+        limiter=None,
+        executor=None,
     ):
         self.config = config
         self.cache = cache
+        self.executor = executor  # a cluster's executor (`shared_limiter`): uncached calls run on its workers
         self.model = config.model
         self.name = prompts.engine_name(config.model)
         self.stats = EngineStats()
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
-        self.limiter = SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute, window_seconds)
+        self.limiter = limiter or SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute,
+                                                       window_seconds)
         self.policy = _Policy(config.retries, rate_limit_retries, backoff_base, backoff_max)
         self._structured = "json_schema" if config.structured_output else "none"
         self._semaphore: asyncio.Semaphore | None = None
@@ -542,8 +579,47 @@ class LiteLLMEngine:
         if not items:
             return []
         auth = self._request_auth()  # before any call: missing key / unroutable model
+        if self.executor is not None and hasattr(self.executor, "shared_limiter"):
+            return self._batch_on_cluster(task, items, progress)
         load_litellm()
         return _LoopThread.get().run(lambda report: self._abatch(task, items, auth, report), progress)
+
+    def _batch_on_cluster(self, task: str, items: list, progress: Progress | None) -> list:
+        """`_batch` with the uncached requests as tasks on a cluster's workers (`remote_batch`),
+        each admitted by the cluster's one limiter; cache look-ups, cache writes and accounting
+        stay here, so a rerun finds every finished reply as a local run would."""
+        stats = self.stats.task(task)
+        messages = [prompts.build_messages(task, item) for item in items]
+        keys = [self.request_key(task, m) for m in messages]
+        found = self.cache.get_many(CACHE_NS, keys)
+        results: list[Any] = [self._from_cache(task, found.get(key)) for key in keys]
+        todo: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            if results[index] is None:
+                todo.setdefault(key, []).append(index)
+        stats.cache_hits += len(items) - sum(len(rows) for rows in todo.values()) + \
+            sum(len(rows) - 1 for rows in todo.values())
+        if progress and len(items) > len(todo):
+            progress(len(items) - sum(len(rows) for rows in todo.values()))
+        groups = list(todo.values())
+        limiter = self.executor.shared_limiter(self.config)
+        jobs = [(self.config, task, [items[rows[0]] for rows in groups[i : i + CLUSTER_BATCH]], limiter, i)
+                for i in range(0, len(groups), CLUSTER_BATCH)]
+
+        def done(job, outcome) -> None:
+            values, written, delta, reasons = outcome
+            self.cache.put_many(CACHE_NS, written)
+            if delta is not None:
+                stats.add(delta)
+            self.stats.failure_reasons.update(reasons)
+            for rows, value in zip(groups[job[4] : job[4] + CLUSTER_BATCH], values, strict=True):
+                for row in rows:
+                    results[row] = value
+            if progress:
+                progress(sum(len(rows) for rows in groups[job[4] : job[4] + CLUSTER_BATCH]))
+
+        self.executor.map(remote_batch, jobs, done)
+        return results
 
     async def _abatch(self, task: str, items: list, auth: dict, report: Callable[[int], None]) -> list:
         if self._semaphore is None:

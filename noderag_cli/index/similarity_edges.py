@@ -212,9 +212,10 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     Rows are taken a home cluster (their nearest) at a time, and their probed clusters in phases
     by rank (`PROBE_PHASES`). In each phase, for each cluster the block's rows probe, the rows
     probing it are scored against its members (a slice of the members laid out cluster by
-    cluster, one product), and only scores that reach a row's k + SLACK-th best so far are kept:
-    the best of the nearest clusters bound what the farther ones can bring."""
-    n, width = len(keys), k + SLACK
+    cluster, one product), and only scores that reach a row's k-th best so far are kept:
+    the best of the nearest clusters bound what the farther ones can bring. Lists are k long (the
+    exact path keeps SLACK more for the next run's reuse; there is none here)."""
+    n, width = len(keys), k  # no SLACK: the lists are not kept for the next run
     grid = quantised(vectors)
     clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
     indptr, members = clusters.members()
@@ -259,8 +260,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     scores = np.full((n, width), -np.inf, np.float32)
     for rows, (block_candidates, block_scores) in in_parallel(block, blocks):
         candidates[rows], scores[rows] = block_candidates, block_scores
-    kept = prune(grid, candidates[:, :k], scores[:, :k])
-    return Neighbours(candidates, scores, kept, searched=n, pruned=n)
+    return Neighbours(candidates, scores, prune(grid, candidates, scores), searched=n, pruned=n)
 
 
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):
