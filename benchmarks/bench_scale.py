@@ -1,7 +1,7 @@
 """Indexing and search as the corpus grows: 2,000 to 100,000 passages, offline, on this machine.
 
     python -m benchmarks.bench_scale [--sizes 2000,8000,32000,100000] [--data ../shared/eval]
-                                     [--work bench-out/scale] [--runs 5] [--questions 50]
+                                     [--work bench-out/scale] [--runs 5] [--questions 50] [--out FILE]
 
 Each size is a corpus from `benchmarks.corpus` (the dev sets' passages, then renamed copies; a
 smaller corpus is a prefix of a larger one) indexed from scratch by a `noderag index --json` child
@@ -149,6 +149,74 @@ def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | Non
     return float(np.mean(found))
 
 
+def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int], scan_sizes: list[int],
+              queries: int = 200) -> list[str]:
+    """Where each path is faster, on prefixes of the largest build's vectors (rows are sorted by id,
+    so a prefix is a random sample): the similarity lists exactly and from clusters (seconds, and
+    the share of the exact 64 found on 300 sampled rows), and the vector side's top 10 by the int8
+    scan and by probing clusters (ms per question, median of `queries` questions: the build's own
+    vectors with a little noise)."""
+    import pyarrow.parquet as pq
+
+    from noderag_cli import ivf
+    from noderag_cli.config import SearchConfig, SimilarityConfig
+    from noderag_cli.index import similarity_edges as se
+    from noderag_cli.search.prepare import scan8, vector_clusters
+    from noderag_cli.search.retriever import inner_products_at
+
+    ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
+    _, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    lines = ["| embedded nodes | exact lists s | clustered lists s | clustered recall@64 |", "|---:|---:|---:|---:|"]
+    probes = SimilarityConfig().probes
+    for n in sorted(set(exact_sizes) | set(clustered_sizes)):
+        keys = se.keys(ids[:n], vectors[:n])
+        exact_s = clustered_s = recall = None
+        if n in exact_sizes:
+            started = time.perf_counter()
+            exact = se.neighbour_lists(keys, vectors[:n], 64)
+            exact_s = time.perf_counter() - started
+        if n in clustered_sizes:
+            started = time.perf_counter()
+            clustered = se.clustered_lists(keys, vectors[:n], 64, 42, probes, se.ASSIGN)
+            clustered_s = time.perf_counter() - started
+            rows = np.sort(np.random.default_rng(0).choice(n, 300, replace=False))
+            truth = exact.candidates[rows, :64] if exact_s is not None else \
+                se.top_k(se.scores_against(ivf.quantised(vectors[:n]), rows), rows, 64)[0]
+            recall = np.mean([len(set(clustered.candidates[r, :64].tolist()) & set(t.tolist())) / 64
+                              for r, t in zip(rows, truth, strict=True)])
+        lines.append(f"| {n:,} | {'-' if exact_s is None else f'{exact_s:.1f}'} | "
+                     f"{'-' if clustered_s is None else f'{clustered_s:.1f}'} | {'-' if recall is None else f'{recall:.3f}'} |")
+    lines += ["", "| S, A, H vectors | int8 scan ms | probing clusters ms | probed top 10 = exact top 10 |",
+              "|---:|---:|---:|---:|"]
+    rng = np.random.default_rng(1)
+    search = SearchConfig()
+    for n in scan_sizes:
+        part = np.ascontiguousarray(vectors[:n])
+        index, scale, _ = scan8(part)
+        centroids, indptr, members = vector_clusters(part, [str(i) for i in range(n)], 42)
+        picked = part[rng.choice(n, queries, replace=False)] + rng.normal(0, 0.02, (queries, part.shape[1])).astype(np.float32)
+        picked /= np.linalg.norm(picked, axis=1, keepdims=True)
+        scan_ms, probe_ms, same = [], [], 0
+        for query in picked:
+            started = time.perf_counter()
+            rounded = np.rint(query.astype(np.float64) * 127.0 / np.abs(query).max()).astype(np.float32)
+            _, found = index.search(rounded[None, :], 58)
+            exact = inner_products_at(part, query, found[0])
+            top_scan = found[0][np.lexsort((found[0], -exact))[:10]]
+            scan_ms.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            nearness = centroids @ query
+            probed = np.argpartition(-nearness, min(search.vector_probes, len(nearness) - 1))[: search.vector_probes]
+            rows = members[np.concatenate([np.arange(indptr[c], indptr[c + 1]) for c in np.sort(probed)])]
+            scores = inner_products_at(part, query, rows)
+            top_probe = rows[np.lexsort((rows, -scores))[:10]]
+            probe_ms.append((time.perf_counter() - started) * 1000)
+            same += set(top_scan.tolist()) == set(top_probe.tolist())
+        lines.append(f"| {n:,} | {statistics.median(scan_ms):.3f} | {statistics.median(probe_ms):.3f} | "
+                     f"{same / queries:.2f} |")
+    return lines
+
+
 def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
     if small <= 0 or large <= 0:
         return float("nan")
@@ -163,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--questions", type=int, default=50)
     parser.add_argument("--sample", type=int, default=500)
+    parser.add_argument("--out", type=Path, help="also write the section to this file")
+    parser.add_argument("--no-crossover", dest="crossover", action="store_false",
+                        help="skip measuring where the exact and the clustered paths cross")
     args = parser.parse_args(argv)
     title = "## Scale: indexing and search from 2,000 to 100,000 passages"
     if not available(args.data):
@@ -199,7 +270,20 @@ def main(argv: list[str] | None = None) -> int:
         }
         log(f"{size:,} passages: p50 {p50:.2f} ms, query process {rows[size]['query_process']:.2f} s, "
             f"candidate recall {recall}")
-    print("\n".join(report(rows, sizes, args)))
+    lines = report(rows, sizes, args)
+    if args.crossover:
+        log("where each path is faster")
+        lines += ["", "### Where each path is faster", "",
+                  f"On prefixes of the {sizes[-1]:,}-passage build's vectors (a prefix of rows sorted by id is a random "
+                  "sample). The similarity lists: all pairs scored (the exact path) against the clustered index at "
+                  "its default probes; recall@64 on 300 sampled nodes. The vector side: the int8 scan with its exact "
+                  "rescoring against probing the clusters; queries are build vectors plus a little noise.", "",
+                  *crossover(args.work / f"ws-{sizes[-1]}", [20_000, 40_000, 80_000], [20_000, 40_000, 80_000, 160_000],
+                             [10_000, 30_000, 100_000, 300_000])]
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    print(text)
     return 0
 
 

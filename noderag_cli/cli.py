@@ -96,8 +96,9 @@ class RichReporter(Reporter):
         if skipped:
             self.progress.add_task(f"{stage} (unchanged)", total=1, completed=1)
         elif self.task is not None:
-            total = self.progress.tasks[self.task].total
-            self.progress.update(self.task, total=total or 1, completed=total or 1)
+            task = self.progress.tasks[self.task]
+            total = task.total or task.completed or 1  # a count without a known total: what was counted
+            self.progress.update(self.task, total=total, completed=total)
         self.task = None
 
     def warn(self, message: str) -> None:

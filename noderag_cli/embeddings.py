@@ -143,6 +143,10 @@ class Embedder:
         norm = np.linalg.norm(vector)
         return vector / norm if norm else vector
 
+    def forget(self) -> None:
+        """Let go of the vectors in memory (once the embed stage has written them all)."""
+        self._memo.clear()
+
     def remember(self, texts: list[str], vectors: np.ndarray) -> None:
         """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
         are not looked up in the cache again."""

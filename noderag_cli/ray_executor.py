@@ -7,10 +7,15 @@ import it), and for an LLM engine its key variable in the nodes' environment (it
 A task whose worker dies is run again by Ray (`MAX_RETRIES`); results are taken in the batches'
 order, so the tables are the same as a local build's. Ray is imported only here, and only when a
 config asks for it.
+
+Test hook (not a feature): when a worker's environment has `NODERAG_TEST_CRASH_ONCE` naming a file
+that does not exist yet, the first task to see it creates the file and kills its own worker
+process, so tests can watch Ray run it again.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +44,7 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise ConfigError(f"cannot join the Ray cluster at {self.address}: {str(err).splitlines()[0][:200]} "
                               "(start one with `ray start --head`, or set executor.address)") from None
-        self._remote: dict[Callable, Any] = {}
+        self._task = None
         self._limiter: RemoteLimiter | None = None
 
     def __repr__(self) -> str:
@@ -54,10 +59,9 @@ class RayExecutor:
         """function(batch) for every batch as a Ray task, results in the batches' order; `done(batch,
         result)` is called here as each result is taken, in that order too."""
         ray = _ray()
-        if function not in self._remote:
-            self._remote[function] = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(function)
-        remote = self._remote[function]
-        pending = [remote.remote(batch) for batch in batches]
+        if self._task is None:
+            self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_task)
+        pending = [self._task.remote(function, batch) for batch in batches]
         results = []
         for batch, reference in zip(batches, pending, strict=True):
             results.append(ray.get(reference))
@@ -80,13 +84,26 @@ class RayExecutor:
         _ray().shutdown()
 
 
+def _task(function: Callable[[Any], Any], batch: Any) -> Any:
+    """One batch of work on a worker (and the crash hook of the module docstring)."""
+    marker = os.environ.get("NODERAG_TEST_CRASH_ONCE")
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os._exit(1)
+    return function(batch)
+
+
 class _SharedLimiter:
     """A Ray actor around one `SlidingWindowLimiter`: every worker's requests are admitted here."""
 
-    def __init__(self, max_requests: int | None, max_tokens: int | None):
+    def __init__(self, max_requests: int | None, max_tokens: int | None, window_seconds: float = 60.0):
         from .engines.limiter import SlidingWindowLimiter
 
-        self.limiter = SlidingWindowLimiter(max_requests, max_tokens)
+        self.limiter = SlidingWindowLimiter(max_requests, max_tokens, window_seconds)
         self.held: dict[int, object] = {}
         self.issued = 0
 

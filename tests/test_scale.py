@@ -7,12 +7,12 @@ walk that never makes arrays of the graph's size.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index
+from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
 
 from noderag_cli import api, ivf
 from noderag_cli.index import similarity_edges as se
@@ -149,10 +149,37 @@ def test_the_walk_makes_no_array_of_the_graphs_size(built, monkeypatch):
         assert np.allclose(mass, dense[support], rtol=1e-12)
 
 
-def test_stage_reports_its_peak_memory(built):
-    stages = pq.read_table(build_file(built, "nodes.parquet")).num_rows  # the build exists
-    assert stages
+def test_each_stage_reports_its_peak_memory(built):
+    """The indexing process's peak resident memory per stage (Linux), in the manifest and --json."""
     import json
 
-    manifest = json.loads((built / "manifest.json").read_text())
-    assert all(info.get("peak_rss_mb", 0) > 0 for info in manifest["stages"].values())
+    stages = json.loads((built / "manifest.json").read_text())["stages"]
+    peaks = [info.get("peak_rss_mb") for info in stages.values()]
+    assert all(isinstance(p, int) and 50 < p < 4000 for p in peaks), peaks
+
+
+PEAK_RSS = ("import resource, subprocess, sys\n"
+            "code = subprocess.run(sys.argv[2:]).returncode\n"
+            "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+            "sys.exit(code)\n")
+
+
+def test_a_gigabyte_file_is_skipped_without_reading_it_into_memory(tmp_path):
+    """A 1 GB text file is over chunk.max_file_bytes and skipped with one line; with the limit
+    raised, a 1 GB file of NUL bytes is told binary from its first block. Either way the indexing
+    process stays far below the file's size (sparse files: no disk is used)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", folder / "greyling_medal.md")
+    with open(folder / "huge.txt", "wb") as handle:
+        handle.truncate(1 << 30)
+    for extra, reason in (((), "larger than chunk.max_file_bytes"), (("--config", "raised"), "binary file")):
+        if extra:
+            (tmp_path / "raised").write_text("chunk: {max_file_bytes: 2000000000}\n")
+            extra = ("--config", str(tmp_path / "raised"))
+        peak = tmp_path / "peak"
+        run = noderag("index", tmp_path / f"ws{len(extra)}", "--input", folder, "--json", *extra,
+                      prefix=[sys.executable, "-c", PEAK_RSS, str(peak)])
+        assert run.returncode == 0, run.stderr
+        assert any(item["path"] == "huge.txt" and reason in item["reason"] for item in run.json()["skipped_files"])
+        assert int(peak.read_text()) < 700 * 1024, f"peak RSS {int(peak.read_text()) // 1024} MB"

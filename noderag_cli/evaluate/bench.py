@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(["## Retrieval", "", f"skipped: {args.data} not found"])
     sections.append(ablation_section(args.data, args.work))
     sections.append(_module_section("tests.llm_support.bench_llm", quick, "LLM engine", 1800))
+    scale = ROOT / "docs" / "benchmarks-scale.md"  # `make bench-scale` (half an hour), run on its own
+    sections.append([scale.read_text(encoding="utf-8").strip(), "", "_(from `make bench-scale`, last run "
+                     f"{datetime.date.fromtimestamp(scale.stat().st_mtime).isoformat()})_"] if scale.is_file() else
+                    ["## Scale", "", "not measured yet: run `make bench-scale`"])
     text = "\n\n".join("\n".join(s) for s in sections) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class ScannedFile:
     reason: str = ""
 
 
+SCAN_PROGRESS = 1000  # files read between two progress reports
 MAX_LINE_CHARS = 1_000_000
 """A file with a longer line is skipped: that is a data dump or minified file, not prose, and
 chunking and decomposing it as text would take minutes and fill the graph with noise."""
@@ -76,13 +78,14 @@ def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
         if size > max_bytes:
             return None, b"", f"larger than chunk.max_file_bytes ({size} > {max_bytes} bytes)"
         with open(path, "rb") as handle:
-            data = handle.read()
+            head = handle.read(8192)
+            if b"\x00" in head:  # told by its first block: the rest is never read into memory
+                return None, head, "binary file (NUL bytes)"
+            data = head + handle.read()
     except OSError as err:
         return None, b"", f"unreadable: {err.strerror or err}"
     if not data.strip():
         return None, data, "empty file"
-    if b"\x00" in data[:8192]:
-        return None, data, "binary file (NUL bytes)"
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -110,8 +113,10 @@ def check_input_folder(folder: Path) -> None:
         raise InputError(f"input folder is not readable: {folder} ({err.strerror})") from err
 
 
-def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFile]:
-    """Every matching file under folder, recursively, in path order.
+def scan(folder: Path, extensions: list[str], max_bytes: int,
+         progress: Callable[[int], None] | None = None) -> list[ScannedFile]:
+    """Every matching file under folder, recursively, in path order; `progress(n)` every
+    `SCAN_PROGRESS` files read.
 
     Hidden files and folders (".name") are left out. Directory symlinks are followed, each
     real folder once, so a symlink loop is walked only once. What cannot be read (a file or
@@ -153,6 +158,10 @@ def scan(folder: Path, extensions: list[str], max_bytes: int) -> list[ScannedFil
             text, data, reason = _read_text(absolute, max_bytes)
             digest = hashlib.blake2b(data, digest_size=16).hexdigest()
             found.append(ScannedFile(relative, absolute, text, digest, len(data), reason))
+            if progress and len(found) % SCAN_PROGRESS == 0:
+                progress(SCAN_PROGRESS)
+    if progress and len(found) % SCAN_PROGRESS:
+        progress(len(found) % SCAN_PROGRESS)
     return sorted(found, key=lambda f: f.path)
 
 

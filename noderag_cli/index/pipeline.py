@@ -199,6 +199,7 @@ def _embed(run: StageRun) -> dict:
     nodes = pa.concat_tables([run.read(s, "nodes.parquet") for s in assemble.NODE_STAGES])
     run.reporter.stage_started(run.stage.name, None)
     ids, vectors = embed.run(nodes, run.embedder)
+    run.embedder.forget()  # every vector is in `vectors` now; the stages after read them from its file
     run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
     index = ivf.flat_index(vectors)
     del vectors
@@ -418,7 +419,9 @@ def run_pipeline(
     log = ws.logger()
     started = time.perf_counter()
     check_embedding_model(ws, embedder)
-    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes)
+    reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
+    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes, reporter.advance)
+    reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     readable = [f for f in files if not f.reason]
     if not readable:
         detail = f" ({len(files)} skipped as unreadable)" if files else ""
