@@ -369,7 +369,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     touched = set(changes["new"]) | set(changes["changed"]) | {p.split(" -> ")[1] for p in changes["renamed"]}
     fresh = [f for f in readable if f.path in touched]
     cache = ws.read_only_cache()
-    pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens, cache, store=False)
+    pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens)
     new_chunks = [(title, text) for title, chunks in pieces for text, _, _ in chunks]
     to_decompose = len(new_chunks) - len(_decomposed(cache, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}

@@ -23,7 +23,7 @@ import pyarrow as pa
 from .. import nlp
 from ..executor import Executor
 from ..graph import chunk_id, document_id
-from ..workspace import Cache, json_digest
+from ..workspace import json_digest
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -240,46 +240,60 @@ def _pack(pieces: list[tuple[str, int]], max_tokens: int, overlap_tokens: int) -
     return chunks
 
 
-CHUNKER_VERSION = 3  # 3: cache entries carry each chunk's id
+CHUNKER_VERSION = 3
 
 
-def chunk_cache_key(file: ScannedFile, max_tokens: int, overlap_tokens: int) -> str:
+def chunking_key(content_hash: str, path: str, max_tokens: int, overlap_tokens: int) -> str:
     """What a document's chunks depend on: its bytes, the chunk settings, and (for the title) its kind."""
-    kind = "md" if file.path.lower().endswith(".md") else "txt"
-    return json_digest([CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, kind])
+    kind = "md" if path.lower().endswith(".md") else "txt"
+    return json_digest([CHUNKER_VERSION, content_hash, max_tokens, overlap_tokens, kind])
+
+
+def chunking_settings(max_tokens: int, overlap_tokens: int) -> bytes:
+    """The chunks table's mark of how it was cut: only a table with the same mark is reused."""
+    return json.dumps([CHUNKER_VERSION, max_tokens, overlap_tokens]).encode()
+
+
+def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, max_tokens: int,
+                    overlap_tokens: int) -> dict[str, tuple[str, list[tuple[str, int, str]]]]:
+    """The last run's chunks of each document, by `chunking_key`, when they were cut the way this
+    run cuts them: an update re-cuts only new and changed documents."""
+    if documents is None or chunks is None or \
+            (chunks.schema.metadata or {}).get(b"noderag-chunking") != chunking_settings(max_tokens, overlap_tokens):
+        return {}
+    pieces: dict[str, list[tuple[str, int, str]]] = {}
+    for doc, text, tokens, chunk in zip(*(chunks[c].to_pylist() for c in ("doc_id", "text", "tokens", "chunk_id")),
+                                        strict=True):
+        pieces.setdefault(doc, []).append((text, tokens, chunk))  # rows come in ordinal order
+    return {chunking_key(content_hash, path, max_tokens, overlap_tokens): (title, pieces.get(doc, []))
+            for doc, path, title, content_hash, status in
+            zip(*(documents[c].to_pylist() for c in ("doc_id", "path", "title", "content_hash", "status")), strict=True)
+            if status == "indexed"}
 
 
 def document_chunks(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
-    store: bool = True, executor: Executor | None = None,
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0,
+    previous: dict[str, tuple[str, list[tuple[str, int, str]]]] | None = None, executor: Executor | None = None,
 ) -> list[tuple[str, list[tuple[str, int, str]]]]:
-    """(title, [(chunk text, tokens, chunk id)]) per file; cached by content so unchanged documents
-    cost a lookup, cut on the `executor`'s workers otherwise. With store=False the cache is only
-    read (a dry run writes nothing)."""
-    keys = [chunk_cache_key(f, max_tokens, overlap_tokens) if f.text is not None else "" for f in files]
-    found = cache.get_many("chunks", [k for k in keys if k]) if cache is not None else {}
+    """(title, [(chunk text, tokens, chunk id)]) per file: the last run's when the document and the
+    settings are unchanged (`previous_chunks`), else cut on the `executor`'s workers."""
+    previous = previous or {}
     out: list[tuple[str, list[tuple[str, int, str]]] | None] = []
     todo = []
-    for position, (file, key) in enumerate(zip(files, keys, strict=True)):
+    for position, file in enumerate(files):
+        key = chunking_key(file.content_hash, file.path, max_tokens, overlap_tokens) if file.text is not None else ""
         if file.text is None:
             out.append(("", []))
-        elif key in found:
-            title, pieces = json.loads(found[key])
-            out.append((title, [(t, n, c) for t, n, c in pieces]))
+        elif key in previous:
+            out.append(previous[key])
         else:
             out.append(None)
             todo.append(position)
     batches = [todo[start : start + 256] for start in range(0, len(todo), 256)]
-
-    def done(batch: list[int], entries: list) -> None:
-        for position, entry in zip(batch, entries, strict=True):
-            out[position] = entry
-        if cache is not None and store:
-            cache.put_many("chunks", [(keys[p], json.dumps(e).encode()) for p, e in zip(batch, entries, strict=True)])
-
     jobs = [([(files[p].path, files[p].text) for p in batch], max_tokens, overlap_tokens) for batch in batches]
     for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs), strict=True):
-        done(batch, entries)
+        for position, entry in zip(batch, entries, strict=True):
+            out[position] = entry
     return out
 
 
@@ -292,13 +306,14 @@ def chunk_batch(job: tuple[list[tuple[str, str]], int, int]) -> list[tuple[str, 
 
 
 def run(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0, cache: Cache | None = None,
-    executor: Executor | None = None,
+    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0,
+    previous: dict[str, tuple[str, list[tuple[str, int, str]]]] | None = None, executor: Executor | None = None,
 ) -> tuple[pa.Table, pa.Table]:
-    """Documents and chunks tables for the scanned files."""
+    """Documents and chunks tables for the scanned files (the chunks table marked with how it was
+    cut, for the next run's `previous_chunks`)."""
     docs = {name: [] for name in DOCUMENT_SCHEMA.names}
     chunks = {name: [] for name in CHUNK_SCHEMA.names}
-    cut = document_chunks(files, max_tokens, overlap_tokens, cache, executor=executor)
+    cut = document_chunks(files, max_tokens, overlap_tokens, previous, executor)
     for file, (title, pieces) in zip(files, cut, strict=True):
         doc = document_id(file.path)
         reason = file.reason or ("" if pieces else "no text after cleaning")
@@ -314,4 +329,5 @@ def run(
         chunks["title"] += [title] * len(pieces)
         chunks["text"] += [t for t, _, _ in pieces]
         chunks["tokens"] += [n for _, n, _ in pieces]
-    return pa.Table.from_pydict(docs, schema=DOCUMENT_SCHEMA), pa.Table.from_pydict(chunks, schema=CHUNK_SCHEMA)
+    marked = CHUNK_SCHEMA.with_metadata({"noderag-chunking": chunking_settings(max_tokens, overlap_tokens)})
+    return pa.Table.from_pydict(docs, schema=DOCUMENT_SCHEMA), pa.Table.from_pydict(chunks, schema=marked)

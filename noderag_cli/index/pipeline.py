@@ -104,6 +104,13 @@ class StageRun:
         assert name in self.stage.outputs, f"{self.stage.name} declares no output {name}"
         return self.ws.stage_path(self.stage.name, name)
 
+    def last(self, name: str) -> pa.Table | None:
+        """This stage's output `name` as the last run left it, or None (missing or unreadable)."""
+        try:
+            return pq.read_table(self.path(name))
+        except (OSError, pa.ArrowException):
+            return None
+
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
 
@@ -135,8 +142,10 @@ def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
 # the stages' functions, in pipeline order -------------------------------------------------
 def _chunk(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    documents, chunks = chunk.run(run.files, run.config.chunk.chunk_tokens, run.config.chunk.overlap_tokens, run.ws.cache,
-                                  run.executor)
+    settings = run.config.chunk
+    last = [run.last(name) for name in ("documents.parquet", "chunks.parquet")]
+    previous = chunk.previous_chunks(*last, settings.chunk_tokens, settings.overlap_tokens)
+    documents, chunks = chunk.run(run.files, settings.chunk_tokens, settings.overlap_tokens, previous, run.executor)
     run.write("documents.parquet", documents)
     run.write("chunks.parquet", chunks)
     return {"documents": documents.num_rows, "chunks": chunks.num_rows}

@@ -38,7 +38,7 @@ VERSION = 3  # of the neighbour lists' definition: stored lists of another versi
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
-CLUSTER_BLOCK = 256  # rows of one cluster scored against their probed clusters at a time
+CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against their probed clusters at a time
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
                                ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
@@ -202,6 +202,25 @@ def _best_of(parts: list, rows: np.ndarray, n: int, width: int) -> tuple[np.ndar
     return select(r[keep][first], c[keep][first], v[keep][first], len(rows), width)  # by (row, column)
 
 
+def _chain(centroids: np.ndarray) -> np.ndarray:
+    """A position for each cluster along a greedy nearest-neighbour path through the centroids:
+    rows taken in that order probe clusters their predecessors probed, still in the processor's
+    cache (at 470,000 nodes the members no longer fit it, and products fed from memory ran at half
+    speed)."""
+    count = len(centroids)
+    similar = centroids @ centroids.T
+    free = np.ones(count, bool)
+    position = np.empty(count, np.int64)
+    at = 0
+    for step in range(count):
+        position[at] = step
+        free[at] = False
+        if step + 1 < count:
+            row = np.where(free, similar[at], -np.inf)
+            at = int(np.argmax(row))
+    return position
+
+
 def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
     clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
@@ -209,11 +228,12 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     the set of vectors only (the clusters too), so an update that recomputes every list equals a
     fresh build; there is nothing to reuse, since new vectors move the centroids.
 
-    Rows are taken a home cluster (their nearest) at a time, and their probed clusters in phases
-    by rank (`PROBE_PHASES`). In each phase, for each cluster the block's rows probe, the rows
-    probing it are scored against its members (a slice of the members laid out cluster by
-    cluster, one product), and only scores that reach a row's k-th best so far are kept:
-    the best of the nearest clusters bound what the farther ones can bring. Lists are k long (the
+    Rows are taken in blocks of neighbouring home clusters (their nearest; `_chain`), and their
+    probed clusters in phases by rank (`PROBE_PHASES`). In each phase, for each cluster the block's
+    rows probe, the rows probing it are scored against its members (a slice of the members laid
+    out cluster by cluster): one product serves the many rows of a block that probe the cluster.
+    Only scores that reach a row's k-th best so far are kept: the best of the nearest clusters
+    bound what the farther ones can bring. Lists are k long (the
     exact path keeps SLACK more for the next run's reuse; there is none here)."""
     n, width = len(keys), k  # no SLACK: the lists are not kept for the next run
     grid = quantised(vectors)
@@ -221,34 +241,35 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     indptr, members = clusters.members()
     laid_out = grid[members]  # each cluster's members, contiguous
     probed = clusters.probes[:, :probes]
-    by_home = np.lexsort((np.arange(n), probed[:, 0]))
-    starts = np.flatnonzero(np.r_[True, np.diff(probed[by_home, 0]) != 0])
-    blocks = [by_home[a:b][i : i + CLUSTER_BLOCK] for a, b in zip(starts, np.r_[starts[1:], n], strict=True)
-              for i in range(0, b - a, CLUSTER_BLOCK)]
+    by_home = np.lexsort((np.arange(n), _chain(clusters.centroids)[probed[:, 0]]))
+    blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, n, CLUSTER_BLOCK)]
     scale = np.float32(1 / QUANT**2)
 
+    def by_cluster(ranked: np.ndarray):
+        """(cluster, positions of the rows probing it) for each cluster in `ranked`, a block's
+        probes of some ranks."""
+        local, rank = np.nonzero(ranked >= 0)
+        cluster = ranked[local, rank]
+        order = np.lexsort((local, cluster))
+        local, cluster = local[order], cluster[order]
+        edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True]) if len(cluster) else np.zeros(1, int)
+        return [(int(cluster[a]), local[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
     def block(rows: np.ndarray):
-        home = int(probed[rows[0], 0])
         vectors_of_rows = grid[rows]
-        scores = (vectors_of_rows @ laid_out[indptr[home] : indptr[home + 1]].T) * scale
-        found, found_scores = top_k(scores, rows, width, members[indptr[home] : indptr[home + 1]])
-        r, c = np.nonzero(found >= 0)
-        parts = [(r, found[r, c], found_scores[r, c])]
+        parts = []
+        for w, who in by_cluster(probed[rows, :1]):  # each row's first list: the best of its home cluster
+            start, stop = indptr[w], indptr[w + 1]
+            found, found_scores = top_k((vectors_of_rows[who] @ laid_out[start:stop].T) * scale, rows[who], width,
+                                        members[start:stop])
+            r, c = np.nonzero(found >= 0)
+            parts.append((who[r], found[r, c], found_scores[r, c]))
         for lo, hi in PROBE_PHASES[1:]:
             listed, listed_scores = _best_of(parts, rows, n, width)
             r, c = np.nonzero(listed >= 0)
             parts = [(r, listed[r, c], listed_scores[r, c])]
             bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
-            ranked = probed[rows, lo:hi]
-            if not ranked.size:
-                break
-            local, rank = np.nonzero(ranked >= 0)
-            cluster = ranked[local, rank]
-            order = np.lexsort((local, cluster))
-            local, cluster = local[order], cluster[order]
-            edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True])
-            for a, b in zip(edges[:-1], edges[1:], strict=True):
-                w, who = cluster[a], local[a:b]
+            for w, who in by_cluster(probed[rows, lo:hi]):
                 start, stop = indptr[w], indptr[w + 1]
                 scores = (vectors_of_rows[who] @ laid_out[start:stop].T) * scale
                 r, c = np.nonzero(scores >= bound[who, None])

@@ -8,7 +8,8 @@ read by deriving the same structures in memory (`prepare` on its tables).
 
 | name | what |
 |---|---|
-| node_text (arrow) | id and text per node, in node order (= id order) |
+| node_text (arrow) | text per node, in node order (= id order) |
+| id_hash | per node, the 16 hex digits of its id as an integer (uint64); with its type, its id |
 | type_codes | per node, its type as `TYPE_CODE` (int8) |
 | tokens | per node, tokens of its text (int32) |
 | vector_of_node | per node, its row in vectors.faiss or -1 (int32) |
@@ -38,8 +39,9 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 3  # of these structures' definition (3: clusters for large builds); a build of another is rebuilt
+VERSION = 4  # of these structures' definition (4: ids as hashes); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
+TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
@@ -117,6 +119,25 @@ def walk_matrix(structural: Adjacency, similar: Adjacency, weight: float) -> Wal
     """P of structural edges + weight x similarity edges."""
     adjacency = structural.plus(similar, weight) if weight else structural
     return WalkMatrix.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
+
+
+def id_hashes(ids: pa.Array, codes: np.ndarray) -> np.ndarray:
+    """The hex part of each `<type>_<16 hex>` id as a uint64 (`node_id` gives the id back): half the
+    bytes of the strings, in a file the query maps."""
+    text = np.asarray(ids.to_numpy(zero_copy_only=False), dtype="S18")
+    digits = text.view(np.uint8).reshape(len(text), 18)[:, 2:].astype(np.uint64)
+    values = np.where(digits >= ord("a"), digits - ord("a") + 10, digits - ord("0"))
+    hashes = (values << (np.uint64(4) * np.arange(15, -1, -1, dtype=np.uint64))).sum(axis=1, dtype=np.uint64)
+    rebuilt = node_ids(hashes, codes)
+    if rebuilt != ids.to_pylist():
+        raise ValueError("node ids that are not <type>_<16 hex>")
+    return hashes
+
+
+def node_ids(hashes: np.ndarray, codes: np.ndarray) -> list[str]:
+    """The ids of nodes from their `id_hash` and type codes."""
+    letters = TYPE_LETTERS[codes]
+    return [f"{letter}_{value:016x}" for letter, value in zip(letters.tolist(), hashes.tolist(), strict=True)]
 
 
 def type_codes_of(types: pa.Array) -> np.ndarray:
@@ -198,7 +219,8 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
         vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
         out.arrays["vector_of_node"] = vector_row
-        out.tables["node_text"] = pa.table({"id": nodes["id"], "text": nodes["text"]})
+        out.tables["node_text"] = pa.table({"text": nodes["text"]})
+        out.arrays["id_hash"] = id_hashes(nodes["id"], codes)
 
         embedded = np.flatnonzero(vector_row >= 0)
         node_of_vector = np.empty(len(embedded), dtype=np.int64)

@@ -29,8 +29,10 @@ from .prepare import (
     MAX_RETRIEVABLE_CODE,
     SCANNED,
     TYPE_CODE,
+    TYPE_LETTERS,
     WALK_ARRAYS,
     Prepared,
+    node_ids,
     prepare,
     split_adjacency,
     walk_matrix,
@@ -42,7 +44,6 @@ from .prepare import (
 MAX_QUESTION_CHARS = 20_000
 SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
 SCAN8_SLACK = 1e-5  # float32 rounding of an exact 256-term dot product, with room to spare
-TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
 CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER else len(context.TYPE_ORDER)
                          for t in TYPE_CODE], dtype=np.int8)  # by type code
@@ -175,9 +176,9 @@ class Retriever:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
             self._vector_index = vector_index  # owns the mapped memory `vectors` views
             self.vectors = ivf.flat_vectors(vector_index)
-        node_text = data.arrow("node_text")
-        self._id_column, self._text_column = node_text["id"], node_text["text"]
+        self._text_column = data.arrow("node_text")["text"]
         self.type_codes = _mapped(data.array("type_codes"))
+        self.id_hash = _mapped(data.array("id_hash"))
         self.tokens = _mapped(data.array("tokens"))
         self.vector_of_node = _mapped(data.array("vector_of_node"))
         self.node_of_vector = _mapped(data.array("node_of_vector"))
@@ -229,7 +230,7 @@ class Retriever:
     # whole-graph views, for evaluation strategies and tests; the query path never builds them
     @functools.cached_property
     def ids(self) -> np.ndarray:
-        return np.asarray(self._id_column.to_pylist(), dtype=object)
+        return np.asarray(node_ids(self.id_hash, self.type_codes), dtype=object)
 
     @functools.cached_property
     def types(self) -> np.ndarray:
@@ -278,7 +279,8 @@ class Retriever:
         return position
 
     def id_of(self, rows: np.ndarray) -> list[str]:
-        return self._id_column.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+        rows = np.asarray(rows, dtype=np.int64)
+        return node_ids(self.id_hash[rows], self.type_codes[rows])
 
     # vector side ---------------------------------------------------------------
     def _typed_vectors(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -538,7 +540,7 @@ class Retriever:
         paths = self._document_paths(self.doc_codes[row_entries(self.doc_indptr, ordered)])
         ends = np.cumsum(counts).tolist()
         documents = [paths[end - count:end] for end, count in zip(ends, counts.tolist(), strict=True)]
-        columns = (self._id_column.take(taken).to_pylist(), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
+        columns = (node_ids(self.id_hash[ordered], codes[order]), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
                    self._text_column.take(taken).to_pylist(), documents, self.tokens[ordered].tolist())
         return [RetrievedNode(*values) for values in zip(*columns, strict=True)]
 
