@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import yaml
 
 from .config import Config, SearchConfig, load_config
@@ -227,14 +231,21 @@ def engine_name(config: Config) -> str:
     return OfflineEngine.name
 
 
-def _decomposed(cache: Cache | None, config: Config, chunks: list[tuple[str, str]]) -> set[int]:
-    """Positions of the (title, text) chunks whose decomposition is already in the cache."""
-    if not chunks or cache is None:
+def _decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[tuple[str, str, str]]) -> set[int]:
+    """Positions of the (chunk id, title, text) chunks already decomposed: in the cache, or in the
+    rows the decompose stage keeps (where a pure engine's work is, once committed)."""
+    if not chunks:
         return set()
     settings = engine_settings(config, engine_name(config))
-    keys = [cache_key(settings, title, text) for title, text in chunks]
-    found = cache.get_many("decompose", keys)
-    return {i for i, key in enumerate(keys) if key in found}
+    keys = [cache_key(settings, title, text) for _, title, text in chunks]
+    found = cache.get_many("decompose", keys) if cache is not None else {}
+    rows = ws.stage_path("decompose", "occurrences.parquet")
+    kept: set[str] = set()
+    if rows.is_file() and len(found) < len(keys):
+        with contextlib.suppress(OSError, pa.ArrowException):
+            kept = set(pc.unique(pq.read_table(rows, columns=["input"])["input"]).to_pylist())
+    return {i for i, (key, (chunk, _, _)) in enumerate(zip(keys, chunks, strict=True))
+            if key in found or f"{chunk}\x1f{key}" in kept}
 
 
 def _documents_status(ws: Workspace) -> list[dict]:
@@ -270,10 +281,10 @@ def _documents_status(ws: Workspace) -> list[dict]:
     pending = [r for r in documents if r["status"] == "indexed" and r["path"] in why]
     if pending:
         config = workspace_config(ws)
-        flat = [(r["doc_id"], title, text) for r in pending for _, title, text in chunks_of.get(r["doc_id"], [])]
-        done = _decomposed(ws.read_only_cache(), config, [(title, text) for _, title, text in flat])
+        flat = [(r["doc_id"], chunk, title, text) for r in pending for chunk, title, text in chunks_of.get(r["doc_id"], [])]
+        done = _decomposed(ws, ws.read_only_cache(), config, [(chunk, title, text) for _, chunk, title, text in flat])
         done_by_doc: dict[str, int] = {}
-        for position, (doc, _, _) in enumerate(flat):
+        for position, (doc, _, _, _) in enumerate(flat):
             done_by_doc[doc] = done_by_doc.get(doc, 0) + (position in done)
     for row in documents:
         row["chunks_done"] = row["chunks"] if row["status"] == "indexed" else 0
@@ -370,8 +381,8 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     fresh = [f for f in readable if f.path in touched]
     cache = ws.read_only_cache()
     pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens)
-    new_chunks = [(title, text) for title, chunks in pieces for text, _, _ in chunks]
-    to_decompose = len(new_chunks) - len(_decomposed(cache, config, new_chunks))
+    new_chunks = [(chunk, title, text) for title, chunks in pieces for text, _, chunk in chunks]
+    to_decompose = len(new_chunks) - len(_decomposed(ws, cache, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
     name = engine_name(config)
     scan_digest = scan_digest_of(files)

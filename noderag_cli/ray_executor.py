@@ -37,6 +37,7 @@ class RayExecutor:
 
     def __init__(self, config: ExecutorConfig):
         ray = _ray()
+        _errors_to_stderr()
         self.address = config.address or "auto"
         try:
             if not ray.is_initialized():
@@ -82,6 +83,23 @@ class RayExecutor:
         """Leave the cluster (it keeps running for other drivers)."""
         self._limiter = None
         _ray().shutdown()
+
+
+def _errors_to_stderr() -> None:
+    """Ray's driver prints the cluster's error messages (a worker died, ...) to standard output,
+    where `--json` output goes; they go to standard error instead. (Ray has no setting for it: its
+    printer is replaced where its listener looks it up.)"""
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    if getattr(printer, "noderag", False):
+        return
+
+    def to_stderr(data, ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.noderag = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 def _task(function: Callable[[Any], Any], batch: Any) -> Any:

@@ -250,6 +250,25 @@ class Cache:
     def put(self, ns: str, key: str, value: bytes) -> None:
         self.put_many(ns, [(key, value)])
 
+    def delete_many(self, ns: str, keys: Iterable[str]) -> int:
+        """Remove entries; returns how many there were."""
+        rows = [(ns, key) for key in keys]
+        if not rows or self.read_only:
+            return 0
+        with self._lock:
+            before = self._db.total_changes
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM kv WHERE ns=? AND key=?", rows)
+            self._db.execute("COMMIT")
+            return self._db.total_changes - before
+
+    def compact(self) -> None:
+        """Give the space of removed entries back to the file system (SQLite keeps it otherwise)."""
+        if self.read_only:
+            return
+        with self._lock:
+            self._db.execute("VACUUM")
+
     def count(self, ns: str) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM kv WHERE ns=?", [ns]).fetchone()[0]

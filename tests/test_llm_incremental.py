@@ -67,6 +67,15 @@ def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
     index(ws, folder, "--config", config)
     assert _requests(server) == []
 
+    # a document removed, then brought back: its decomposition is a paid reply, and comes from the cache
+    removed = (folder / "greyling_medal.md").read_bytes()
+    (folder / "greyling_medal.md").unlink()
+    index(ws, folder, "--config", config)
+    (folder / "greyling_medal.md").write_bytes(removed)
+    server.reset()
+    index(ws, folder, "--config", config)
+    assert not [task for task, _ in _requests(server) if task == "decompose"]
+
     # and the update equals a fresh build of the final folder (same deterministic replies)
     fresh = tmp_path / "fresh"
     index(fresh, folder, "--config", config)

@@ -73,7 +73,8 @@ def decompose_chunks(
     Rows are made on the `executor`'s workers, batch by batch, and so is the decomposition itself
     when the engine's is a pure function of the chunk (`pure_decompose`, the offline engine's); an
     LLM engine's calls are made here, where its limiter and connections live. Each batch's fresh
-    units are cached as it returns, so a killed run keeps them."""
+    units are cached as it returns, so a killed run keeps them. (A pure engine's entries are only
+    a checkpoint: once the stage has committed its rows, `forget_checkpoints` removes them.)"""
     engine_settings = engine_settings or {"name": engine.name}
     executor = executor or Executor()
     inputs = [
@@ -143,6 +144,16 @@ def decompose_chunks(
     occurrences = occurrences.sort_by([("input", "ascending"), ("seq", "ascending")])
     links = links.sort_by([("input", "ascending"), ("seq", "ascending")])
     return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+
+
+def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache, engine_settings: dict) -> int:
+    """Remove a pure engine's cached decompositions of these chunks, now that their rows are
+    committed: the rows are what an update reuses, and a second copy of every unit would only take
+    disk. An LLM engine's stay: each is a paid reply. Returns how many were removed."""
+    if getattr(engine, "pure_decompose", None) is None:
+        return 0
+    pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
+    return cache.delete_many("decompose", {cache_key(engine_settings, title, text) for title, text in pairs})
 
 
 def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):

@@ -165,6 +165,8 @@ def _decompose(run: StageRun) -> dict:
     run.commit_graph(nodes, edges, failures)
     for path, table in zip(rows_paths, (occurrences, links), strict=True):
         write_parquet(path, decompose.with_version(table))
+    if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache, engine_settings(run.config, run.engine.name)):
+        run.ws.cache.compact()
     return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
 
 
