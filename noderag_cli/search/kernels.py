@@ -200,5 +200,5 @@ def warm_up() -> None:
                               np.zeros(2))
     select_walk(support, mass, np.array([0], np.int64), 0.5, np.array([UNIT, ENTITY], np.int8), np.zeros(len(support)), 0.0,
                 indptr, indices, np.ones(5, np.int64), 1, 0.3)
-    fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int64),
-               np.array([0], np.int64), np.zeros(1, np.bool_))
+    fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
+               np.array([0], np.int32), np.zeros(1, np.bool_))

@@ -76,7 +76,7 @@ class WalkMatrix:
     def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(columns, P's values) of every entry of the given rows, row after row."""
         offsets = row_entries(self.indptr, rows)
-        owner = np.repeat(rows, np.diff(self.indptr)[rows])
+        owner = np.repeat(rows, self.indptr[rows + 1] - self.indptr[rows])
         return self.indices[offsets], self.inverse[owner] * self.weights[offsets]
 
 
@@ -85,7 +85,7 @@ def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray
     their sums): gathers those rows of P and sums each column's entries in order (the bits of a
     dense np.bincount), in arrays the size of what was gathered, not of the graph."""
     columns, values = walk.entries(rows)
-    weights = values * np.repeat(mass, np.diff(walk.indptr)[rows])
+    weights = values * np.repeat(mass, walk.indptr[rows + 1] - walk.indptr[rows])
     reached, at = np.unique(np.concatenate([columns, also]), return_inverse=True)
     sums = np.bincount(at[: len(columns)], weights=weights, minlength=len(reached))
     return reached, sums.astype(np.float64, copy=False)  # no entries at all: bincount gives integers

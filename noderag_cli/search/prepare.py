@@ -39,7 +39,7 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 4  # of these structures' definition (4: ids as hashes); a build of another is rebuilt
+VERSION = 4  # of these structures' definition (4: ids as hashes, int32 offsets); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
@@ -140,6 +140,11 @@ def node_ids(hashes: np.ndarray, codes: np.ndarray) -> list[str]:
     return [f"{letter}_{value:016x}" for letter, value in zip(letters.tolist(), hashes.tolist(), strict=True)]
 
 
+def _narrow(array: np.ndarray) -> np.ndarray:
+    """An int64 index array as int32 when its values fit (always, below 2^31 entries): half the bytes."""
+    return array.astype(np.int32) if not len(array) or int(array.max()) < 2**31 else array
+
+
 def type_codes_of(types: pa.Array) -> np.ndarray:
     codes = np.zeros(len(types), dtype=np.int8)
     letters = np.asarray(types.to_numpy(zero_copy_only=False), dtype="<U1")
@@ -186,7 +191,7 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.n
     arrays, tables = {}, {}
     retrievable = codes <= MAX_RETRIEVABLE_CODE
     key_indptr, key_ids, key_count = context.sentence_key_ids(nodes["text"].to_pylist(), retrievable.tolist())
-    arrays["key_indptr"], arrays["key_ids"] = key_indptr, key_ids
+    arrays["key_indptr"], arrays["key_ids"] = _narrow(key_indptr), _narrow(key_ids)
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
     name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
     names, keys = NameIndex.arrays(name_texts.to_pylist(), named)
@@ -252,7 +257,7 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
 
         doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
-        out.arrays["doc_indptr"], out.arrays["doc_codes"] = doc_indptr, doc_codes
+        out.arrays["doc_indptr"], out.arrays["doc_codes"] = _narrow(doc_indptr), doc_codes
         out.tables["document_names"] = pa.table({"path": names})
         arrays, tables, meta = text_part.result()
     out.arrays.update(arrays)

@@ -536,7 +536,7 @@ class Retriever:
         order = np.lexsort((rows, -scores, CONTEXT_RANK[codes]))
         ordered = rows[order].astype(np.int64)
         taken = pa.array(ordered)
-        counts = np.diff(self.doc_indptr)[ordered]
+        counts = self.doc_indptr[ordered + 1] - self.doc_indptr[ordered]
         paths = self._document_paths(self.doc_codes[row_entries(self.doc_indptr, ordered)])
         ends = np.cumsum(counts).tolist()
         documents = [paths[end - count:end] for end, count in zip(ends, counts.tolist(), strict=True)]
