@@ -18,16 +18,20 @@ def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
     return (sp.diags(inverse) @ adjacency).tocsr()
 
 
-def dense_ppr(adjacency: np.ndarray, entries, alpha: float, iterations: int, variant: str) -> np.ndarray:
-    """The paper's formula, written out with dense matrices."""
+def dense_ppr(adjacency: np.ndarray, entries, alpha: float, iterations: int, variant: str,
+              min_mass: float = 0.0) -> np.ndarray:
+    """The paper's formula, written out with dense matrices. With `min_mass`: a node spreads only
+    when its mass exceeds min_mass per edge, and after each step mass of min_mass or less is zeroed."""
     degree = adjacency.sum(axis=1, keepdims=True)
     p_matrix = np.divide(adjacency, degree, out=np.zeros_like(adjacency), where=degree > 0)
     p = np.zeros(len(adjacency))
     p[entries] = 1 / len(entries)
     pi = p.copy()
     for _ in range(iterations):
-        walked = p_matrix.T @ pi
+        edges = (adjacency > 0).sum(axis=1)
+        walked = p_matrix.T @ np.where(pi > min_mass * edges, pi, 0.0)
         pi = alpha * p + (1 - alpha) * walked if variant == "paper" else alpha * walked + (1 - alpha) * pi
+        pi[pi <= min_mass] = 0.0
     return pi
 
 
@@ -44,6 +48,20 @@ def test_shallow_ppr_equals_the_formula(variant, iterations):
     np.testing.assert_allclose(got, dense_ppr(adjacency, entries, 0.5, iterations, variant), atol=1e-12)
     assert np.all(np.diff(support) > 0) and np.all(mass > 0)
     assert got.sum() == pytest.approx(dense_ppr(adjacency, entries, 0.5, iterations, variant).sum())
+
+
+@pytest.mark.parametrize("variant", ["paper", "lazy"])
+def test_a_minimum_mass_lets_go_of_the_faint_nodes_after_each_step(variant):
+    rng = np.random.default_rng(8)
+    upper = np.triu(rng.random((200, 200)) * (rng.random((200, 200)) < 0.05), 1)
+    adjacency = upper + upper.T
+    walk, entries = WalkMatrix.from_adjacency(sp.csr_matrix(adjacency)), np.array([3, 17, 42])
+    full_support, _ = shallow_ppr(walk, entries, 0.5, 3, variant)
+    support, mass = shallow_ppr(walk, entries, 0.5, 3, variant, min_mass=2e-3)
+    got = np.zeros(200)
+    got[support] = mass
+    np.testing.assert_allclose(got, dense_ppr(adjacency, entries, 0.5, 3, variant, 2e-3), atol=1e-12)
+    assert np.all(mass > 2e-3) and 0 < len(support) < len(full_support)
 
 
 def test_top_per_group_equals_a_full_sort_per_group():
@@ -119,9 +137,11 @@ def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
         entries = np.unique(rng.integers(0, n, int(rng.integers(1, 6))))
         iterations = int(rng.integers(0, 5))
         alpha = float(rng.choice([0.15, 0.5, 0.85]))
-        expected = shallow_ppr(walk, entries, alpha, iterations)
+        min_mass = float(rng.choice([0.0, 1e-3, 1e-2]))
+        expected = shallow_ppr(walk, entries, alpha, iterations, min_mass=min_mass)
         scratch = np.zeros(n)
-        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch)
+        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch,
+                                          min_mass)
         assert np.array_equal(support, expected[0]), trial
         assert np.array_equal(mass, expected[1]), trial  # same sums in the same order: same bits
         assert not scratch.any()  # handed back cleared

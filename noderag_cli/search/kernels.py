@@ -20,7 +20,7 @@ CHUNK, UNIT, ATTRIBUTE, HIGH_LEVEL, RELATION, ENTITY, OVERVIEW = range(7)  # typ
 
 
 @numba.njit(cache=True)
-def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iterations, scratch):
+def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iterations, scratch, min_mass=0.0):
     """pi_t = alpha p + (1 - alpha) P^T pi_(t-1) from the uniform start on `entries` (sorted,
     distinct), as (support sorted, mass). P is given as the adjacency's CSR arrays and each row's
     inverse degree (P's entry is inverse_degree[row] x weight, computed here as scipy computed it),
@@ -33,12 +33,15 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
     mass = np.full(len(entries), start)
     for _ in range(iterations):
         total = len(entries)
-        for row in support:
-            total += indptr[row + 1] - indptr[row]
+        for i in range(len(support)):
+            if mass[i] > min_mass * (indptr[support[i] + 1] - indptr[support[i]]):
+                total += indptr[support[i] + 1] - indptr[support[i]]
         touched = np.empty(total, np.int64)
         count = 0
         for i in range(len(support)):
             row, share = support[i], mass[i]
+            if share <= min_mass * (indptr[row + 1] - indptr[row]):
+                continue  # as shallow_ppr: too faint to spread
             inverse = inverse_degree[row]
             for j in range(indptr[row], indptr[row + 1]):
                 column = indices[j]
@@ -63,14 +66,19 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
                     support[k] = node
                     k += 1
         mass = np.empty(count)
-        entry = 0
+        entry = kept = 0
         for i in range(count):
             node = support[i]
-            mass[i] = scratch[node] * (1 - alpha)
+            value = scratch[node] * (1 - alpha)
             if entry < len(entries) and node == entries[entry]:
-                mass[i] += alpha * start
+                value += alpha * start
                 entry += 1
             scratch[node] = 0.0
+            if value > min_mass:  # as shallow_ppr: let go of what carries min_mass or less
+                support[kept] = node
+                mass[kept] = value
+                kept += 1
+        support, mass = support[:kept], mass[:kept]
     return support, mass
 
 
@@ -197,7 +205,7 @@ def warm_up() -> None:
     passes, so that no query pays for it."""
     indptr, indices = np.array([0, 1, 2], np.int32), np.array([1, 0], np.int32)
     support, mass = ppr_paper(indptr, indices, np.ones(2, np.uint8), np.ones(2), np.array([0], np.int64), 0.5, 1,
-                              np.zeros(2))
+                              np.zeros(2), 0.0)
     select_walk(support, mass, np.array([0], np.int64), 0.5, np.array([UNIT, ENTITY], np.int8), np.zeros(len(support)), 0.0,
                 indptr, indices, np.ones(5, np.int64), 1, 0.3)
     fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),

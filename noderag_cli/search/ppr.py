@@ -92,23 +92,27 @@ def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray
 
 
 def shallow_ppr(walk: WalkMatrix, entries: np.ndarray, alpha: float, iterations: int,
-                variant: str = "paper") -> tuple[np.ndarray, np.ndarray]:
+                variant: str = "paper", min_mass: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """PPR from a uniform start on `entries`, as (support rows sorted, scores). A step reads only the
     rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph: the
     frontier is sparse, no array of the graph's size is made; the teleport term is added on the
-    entries alone."""
+    entries alone. With `min_mass`, the walk is the approximate PPR of push methods: a node spreads
+    its mass only when its edges would carry more than `min_mass` each on average, and after each
+    step nodes with `min_mass` or less are let go. A hub's mass spread over thousands of neighbours
+    would otherwise carry the walk over much of a large graph for scores too small to rank."""
     entries = np.unique(entries)
     start = 1.0 / len(entries)
     support, mass = entries, np.full(len(entries), start)
     for _ in range(iterations):
+        spreads = mass > min_mass * (walk.indptr[support + 1] - walk.indptr[support])
         if variant == "paper":  # alpha p + (1 - alpha) P^T pi
-            reached, pi = _walk(walk, support, mass, entries)
+            reached, pi = _walk(walk, support[spreads], mass[spreads], entries)
             pi *= 1 - alpha
             pi[np.searchsorted(reached, entries)] += alpha * start
         else:  # lazy: alpha P^T pi + (1 - alpha) pi
-            reached, pi = _walk(walk, support, mass, support)
+            reached, pi = _walk(walk, support[spreads], mass[spreads], support)
             pi *= alpha
             pi[np.searchsorted(reached, support)] += (1 - alpha) * mass
-        kept = pi > 0
+        kept = pi > min_mass
         support, mass = reached[kept], pi[kept]
     return support, mass

@@ -326,6 +326,9 @@ class Retriever:
         probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
         rows = members[row_entries(indptr, np.sort(probed))]
         exact = inner_products_at(self.vectors, query, rows)
+        if k < len(rows):  # only what ties with the k-th best or beats it is sorted
+            keep = np.flatnonzero(exact >= np.partition(exact, len(rows) - k)[len(rows) - k])
+            rows, exact = rows[keep], exact[keep]
         order = np.lexsort((rows, -exact))[:k]
         return self.node_of_vector[rows[order]], exact[order]
 
@@ -438,9 +441,11 @@ class Retriever:
         kernel when compiled."""
         walk = self.walk_matrix(params.similarity_weight)
         if self.kernels is None or params.ppr_variant != "paper":
-            return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant)
+            return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant,
+                               params.ppr_min_mass)
         return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, np.unique(entries),
-                                      params.ppr_alpha, params.ppr_iterations, self._scratch("walk", walk.n, np.float64))
+                                      params.ppr_alpha, params.ppr_iterations, self._scratch("walk", walk.n, np.float64),
+                                      params.ppr_min_mass)
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
                query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
