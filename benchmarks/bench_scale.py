@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.corpus import DEFAULT_DATA, available, write_corpus
+from benchmarks.corpus import DEFAULT_DATA, available, write_corpus, write_small_files
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
@@ -65,12 +65,13 @@ def tree_rss_mb(root: int) -> float:
     return total / 1e6
 
 
-def run_measured(command: list[str]) -> tuple[float, float, int, str]:
-    """(wall seconds, peak RSS of the process tree in MB, exit code, stdout) of a child process."""
+def run_measured(command: list[str], stderr: Path | None = None) -> tuple[float, float, int, str]:
+    """(wall seconds, peak RSS of the process tree in MB, exit code, stdout) of a child process;
+    its stderr into the file `stderr`, if given."""
     out_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}.out"
-    with open(out_path, "wb") as out:
+    with open(out_path, "wb") as out, open(stderr or os.devnull, "wb") as err:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, cwd=ROOT)
+        process = subprocess.Popen(command, stdout=out, stderr=err, cwd=ROOT)
         peak, stop = [0.0], threading.Event()
 
         def sample() -> None:
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=50)
     parser.add_argument("--sample", type=int, default=500)
     parser.add_argument("--out", type=Path, help="also write the section to this file")
+    parser.add_argument("--small-files", type=int, default=200_000,
+                        help="also index a folder of this many one-sentence files (0: skip)")
     parser.add_argument("--no-crossover", dest="crossover", action="store_false",
                         help="skip measuring where the exact and the clustered paths cross")
     args = parser.parse_args(argv)
@@ -271,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{size:,} passages: p50 {p50:.2f} ms, query process {rows[size]['query_process']:.2f} s, "
             f"candidate recall {recall}")
     lines = report(rows, sizes, args)
+    if args.small_files:
+        lines += ["", *small_files(args)]
     if args.crossover:
         log("where each path is faster")
         lines += ["", "### Where each path is faster", "",
@@ -285,6 +290,25 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text, encoding="utf-8")
     print(text)
     return 0
+
+
+def small_files(args) -> list[str]:
+    """The many-small-files case: wall time, peak RSS and the progress a user saw."""
+    corpus, workspace = args.work / f"small-{args.small_files}", args.work / f"ws-small-{args.small_files}"
+    log(f"{args.small_files:,} small files: writing them")
+    raw = write_small_files(args.data, corpus, args.small_files)
+    shutil.rmtree(workspace, ignore_errors=True)
+    log(f"{args.small_files:,} small files: indexing")
+    progress = args.work / "small-files.stderr"
+    wall, peak, code, out = run_measured(cli("index", str(workspace), "--input", str(corpus), "--json"), progress)
+    lines = progress.read_text(errors="replace").splitlines()
+    verdict = (f"{json.loads(out).get('documents', {}).get('new', 0):,} documents indexed" if code == 0 else
+               f"exited {code}: {lines[-1] if lines else 'no message'}")
+    return ["### A folder of many small files", "",
+            f"`noderag index` of {args.small_files:,} files of one sentence each ({raw / 1e6:.1f} MB, a thousand "
+            f"files to a folder; `benchmarks/corpus.py`'s `write_small_files`), stderr not a terminal: {verdict} in "
+            f"**{wall / 60:.1f} min**, peak RSS of the process tree **{peak:,.0f} MB**, {len(lines):,} lines of "
+            f"progress on stderr; disk {disk_bytes(workspace) / 1e6:,.0f} MB."]
 
 
 def report(rows: dict, sizes: list[int], args) -> list[str]:

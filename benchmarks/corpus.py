@@ -22,6 +22,7 @@ from pathlib import Path
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "ba", "de", "fi", "go", "hu", "ja"]
 CAPITALISED = re.compile(r"\b[A-Z][a-z]+\b")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
 
 
@@ -65,6 +66,22 @@ def write_corpus(data: Path, folder: Path, count: int) -> int:
     for path in folder.rglob("*.txt"):
         if path not in wanted:
             path.unlink()
+    return size
+
+
+def write_small_files(data: Path, folder: Path, count: int) -> int:
+    """`count` files of one sentence each (the passages' sentences in order, then renamed copies), a
+    thousand to a folder: the many-small-files case. Returns the raw text's size in bytes."""
+    sentences = [s for _, text in passages(data) for s in SENTENCE_END.split(text) if s.strip()]
+    size = 0
+    for number in range(count):
+        copy, position = divmod(number, len(sentences))
+        target = folder / f"d{number // 1000:04d}" / f"s{number % 1000:03d}.txt"
+        data_bytes = f"{renamed(sentences[position].strip(), copy)}\n".encode()
+        size += len(data_bytes)
+        if not target.is_file() or target.read_bytes() != data_bytes:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data_bytes)
     return size
 
 
