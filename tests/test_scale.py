@@ -17,6 +17,7 @@ from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspa
 from noderag_cli import api, ivf
 from noderag_cli.index import similarity_edges as se
 from noderag_cli.search.ppr import shallow_ppr
+from noderag_cli.search.retriever import SCAN8_CANDIDATES
 
 CLUSTERED = "similarity: {exact_below: 0, probes: 4}\nsearch: {clustered_from: 0, vector_probes: 3}\n"
 
@@ -87,7 +88,7 @@ def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_b
     index(fresh, folder, "--config", clustered_config)
     assert_same_tables(workspace, fresh)
     assert build_file(workspace, "vectors.faiss").read_bytes() == build_file(fresh, "vectors.faiss").read_bytes()
-    for name in ("cluster_centroids.npy", "cluster_rows.npy"):
+    for name in ("cluster_centroids.npy", "cluster_rows.npy", "cluster_codes.npy"):
         assert build_file(workspace, name).read_bytes() == build_file(fresh, name).read_bytes()
 
 
@@ -98,7 +99,16 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
         retriever = session.retriever
         assert retriever.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
         count = len(retriever.clusters[0])
-        for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?"):
+        # more members than the int8 codes pass on to exact rescoring: the codes choose, and must not miss
+        assert len(retriever.clusters[2]) > SCAN8_CANDIDATES + 10
+        assert retriever.clusters[3].dtype == np.int8 and retriever.clusters[3].shape == (len(retriever.clusters[2]),
+                                                                                          retriever.vectors.shape[1])
+        codes, rows = retriever.clusters[3], retriever.clusters[2]
+        scale = 127 / np.abs(retriever.vectors[retriever.scanned_rows]).max()
+        assert np.abs(codes.astype(np.float32) / scale - retriever.vectors[rows]).max() <= 0.5 / scale + 1e-6
+        for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?",
+                         "Which village were the Penrake brothers born in?", "What happened in the flood?",
+                         "Who built the Orlen ferries?", "What does the society award?"):
             query = retriever.embed_question(question)
             everything = retriever.vector_search(query, 10, ("S", "A", "H"), probes=count)
             flat = retriever.vector_search(query, 10, ("S", "A", "H"), retriever.similarities(query))

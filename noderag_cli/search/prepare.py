@@ -16,6 +16,7 @@ read by deriving the same structures in memory (`prepare` on its tables).
 | node_of_vector, scanned_rows | per vector, its node; the vector rows of the S, A, H nodes |
 | scan8.faiss | below `search.clustered_from` S, A, H vectors: an int8 copy of them (`scan8` in the manifest: scale, rounding error) |
 | cluster_centroids, cluster_indptr, cluster_rows | from there on: their clusters (`ivf.Clusters`): unit centroids, and each cluster's vector rows |
+| cluster_codes | the int8 codes of those rows, cluster after cluster (`clusters` in the manifest: count, scale) |
 | walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
@@ -39,7 +40,7 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 4  # of these structures' definition (4: ids as hashes, int32 offsets); a build of another is rebuilt
+VERSION = 5  # of these structures' definition (5: int8 codes per cluster); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
@@ -153,12 +154,18 @@ def type_codes_of(types: pa.Array) -> np.ndarray:
     return codes
 
 
-def scan8(vectors: np.ndarray) -> tuple[faiss.Index, float, float]:
-    """An int8 copy of the given vectors for the vector side's scan: a quarter of the float32
-    scan's memory traffic, which set its cost. Codes are round(v x scale), one scale for all;
-    returned with the scale and the largest vector's rounding error (`Retriever._scan8_top`)."""
+def int8_codes(vectors: np.ndarray) -> tuple[np.ndarray, float]:
+    """round(v x scale) for each vector, one scale for all (the largest component maps to 127): a
+    quarter of the float32 vectors' memory traffic, which sets the cost of scoring many of them.
+    Whole numbers in [-127, 127], returned as float32 (exact) with the scale."""
     scale = 127.0 / max(float(np.abs(vectors).max(initial=0.0)), 1e-12)
-    codes = np.rint(vectors * np.float32(scale))  # whole numbers in [-127, 127], exact in float32
+    return np.rint(vectors * np.float32(scale)), scale
+
+
+def scan8(vectors: np.ndarray) -> tuple[faiss.Index, float, float]:
+    """An int8 copy of the given vectors for the vector side's scan, returned with the scale and the
+    largest vector's rounding error (`Retriever._scan8_top`)."""
+    codes, scale = int8_codes(vectors)
     residual = vectors - codes * np.float32(1 / scale)
     # float32 rounding of the residual is ~1e-7 of a vector's norm: SCAN8_SLACK covers it
     error = float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max(initial=0.0)))
@@ -239,7 +246,9 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
             out.arrays["cluster_centroids"] = centroids
             out.arrays["cluster_indptr"] = indptr
             out.arrays["cluster_rows"] = scanned_rows[members]
-            out.meta["clusters"] = len(centroids)
+            member_codes, scale = int8_codes(vectors[scanned_rows[members]])
+            out.arrays["cluster_codes"] = member_codes.astype(np.int8)
+            out.meta["clusters"] = {"count": len(centroids), "scale": scale}
         else:
             index, scale, error = scan8(vectors[scanned_rows])
             out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
