@@ -129,7 +129,7 @@ def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | Non
 
     config = load_config(workspace / "config.yaml")
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    _, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    index, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # the index owns the mapping
     n, k = len(ids), config.similarity.neighbours
     if n < config.similarity.exact_below:
         return 1.0
@@ -166,7 +166,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli.search.retriever import inner_products_at
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    _, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    flat, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # `flat` owns the mapping
     lines = ["| embedded nodes | exact lists s | clustered lists s | clustered recall@64 |", "|---:|---:|---:|---:|"]
     probes = SimilarityConfig().probes
     for n in sorted(set(exact_sizes) | set(clustered_sizes)):
