@@ -155,15 +155,25 @@ def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
     return index
 
 
+class _Owned:
+    """An array interface that holds the index owning the memory: an array made from it keeps
+    the index (and so its mapping) alive, however the caller names or drops the index."""
+
+    def __init__(self, index: faiss.Index, rows: np.ndarray):
+        self.index = index
+        self.__array_interface__ = rows.__array_interface__
+
+
 def flat_vectors(index: faiss.Index) -> np.ndarray:
-    """The float32 rows of a flat index, as a view on its codes (memory-mapped when it was read so)."""
+    """The float32 rows of a flat index, as a view on its codes (memory-mapped when it was read so)
+    that keeps the index alive."""
     if index.ntotal == 0:
         return np.zeros((0, index.d), np.float32)
     codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * index.d * 4)
-    return codes.view(np.float32).reshape(index.ntotal, index.d)
+    return np.asarray(_Owned(index, codes.view(np.float32).reshape(index.ntotal, index.d)))
 
 
 def read_flat(path) -> tuple[faiss.Index, np.ndarray]:
-    """A flat index file, memory-mapped, and its rows (valid while the index lives)."""
+    """A flat index file, memory-mapped, and its rows (which keep it alive)."""
     index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
     return index, flat_vectors(index)

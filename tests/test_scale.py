@@ -73,6 +73,22 @@ def test_clusters_are_a_function_of_the_set_of_vectors():
     assert np.array_equal(a.probes[order], b.probes)
 
 
+def test_mapped_vectors_keep_their_index_alive(tmp_path):
+    """The rows `ivf.read_flat` returns stay valid when the caller drops the index that maps them."""
+    import gc
+
+    import faiss
+
+    rows = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32)
+    index = faiss.IndexFlatIP(16)
+    index.add(rows)
+    faiss.write_index(index, str(tmp_path / "v.faiss"))
+    _, vectors = ivf.read_flat(tmp_path / "v.faiss")
+    _ = None
+    gc.collect()
+    assert np.array_equal(vectors, rows)
+
+
 def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_build, clustered_config):
     """Documents added, changed and deleted on a workspace whose similarity edges and vector side
     come from clusters: the update's tables equal a fresh build's, byte for byte."""
