@@ -5,7 +5,7 @@
 
 Each size is a corpus from `benchmarks.corpus` (the dev sets' passages, then renamed copies; a
 smaller corpus is a prefix of a larger one) indexed from scratch by a `noderag index --json` child
-process. Per size: wall time, seconds and peak resident memory per stage (the stages' own report),
+process (or, with `--reuse-builds`, the builds and figures a previous run left). Per size: wall time, seconds and peak resident memory per stage (the stages' own report),
 peak resident memory of the whole process tree (the indexing process and its workers, sampled
 every 0.2 s from /proc), disk (files counted once however many names they have) against the raw
 text, retrieval latency in-process (`api.open_workspace`, MuSiQue's questions: the median of
@@ -105,16 +105,26 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "noderag_cli.cli", *args]
 
 
-def retrieval_latency(workspace: Path, questions: list[str], rounds: int) -> tuple[float, float]:
-    """p50 and p95 over the questions of each question's median retrieval time, in ms."""
+def retrieval_latency(workspaces: dict[int, Path], questions: list[str], rounds: int) -> dict[int, tuple[float, float]]:
+    """Per size, p50 and p95 over the questions of each question's median retrieval time in ms. The
+    sizes take turns, question by question, so that a busy spell of a shared machine falls on all
+    of them alike and the ratios between sizes hold."""
+    from contextlib import ExitStack
+
     from noderag_cli import api
 
-    with api.open_workspace(workspace) as session:
-        for question in questions[:3]:
-            session.retrieve(question)  # first touches of the mapped build
-        medians = [statistics.median(session.retrieve(q).timings["retrieval_ms"] for _ in range(rounds))
-                   for q in questions]
-    return float(np.percentile(medians, 50)), float(np.percentile(medians, 95))
+    with ExitStack() as stack:
+        sessions = {size: stack.enter_context(api.open_workspace(path)) for size, path in workspaces.items()}
+        for session in sessions.values():
+            for question in questions[:3]:
+                session.retrieve(question)  # first touches of the mapped build
+        times: dict[int, list[list[float]]] = {size: [[] for _ in questions] for size in sessions}
+        for _ in range(rounds):
+            for position, question in enumerate(questions):
+                for size, session in sessions.items():
+                    times[size][position].append(session.retrieve(question).timings["retrieval_ms"])
+    medians = {size: [statistics.median(t) for t in per_question] for size, per_question in times.items()}
+    return {size: (float(np.percentile(m, 50)), float(np.percentile(m, 95))) for size, m in medians.items()}
 
 
 def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | None:
@@ -235,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the section to this file")
     parser.add_argument("--small-files", type=int, default=200_000,
                         help="also index a folder of this many one-sentence files (0: skip)")
+    parser.add_argument("--reuse-builds", action="store_true",
+                        help="measure search on the builds a previous run left in --work (their index figures kept)")
     parser.add_argument("--no-crossover", dest="crossover", action="store_false",
                         help="skip measuring where the exact and the clustered paths cross")
     args = parser.parse_args(argv)
@@ -249,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for size in sizes:
         corpus, workspace = args.work / f"corpus-{size}", args.work / f"ws-{size}"
+        if args.reuse_builds and (args.work / f"build-{size}.json").is_file() and workspace.is_dir():
+            rows[size] = json.loads((args.work / f"build-{size}.json").read_text())
+            log(f"{size:,} passages: the build of {rows[size]['built']} reused")
+            continue
         log(f"{size:,} passages: writing the corpus")
         raw = write_corpus(args.data, corpus, size)
         shutil.rmtree(workspace, ignore_errors=True)
@@ -259,20 +275,27 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         stages = json.loads(out)["stages"]
         manifest = json.loads((workspace / "manifest.json").read_text())["stages"]
-        log(f"{size:,} passages: {wall:.0f} s, peak {peak:,.0f} MB; searching")
-        p50, p95 = retrieval_latency(workspace, questions, args.runs)
-        query_walls = [run_measured(cli("query", str(workspace), questions[0], "--context-only"))[0]
-                       for _ in range(args.runs)]
-        recall = candidate_recall(workspace, args.sample)
+        log(f"{size:,} passages: {wall:.0f} s, peak {peak:,.0f} MB; candidate recall")
         rows[size] = {
             "wall": wall, "peak": peak, "raw": raw, "disk": disk_bytes(workspace),
             "seconds": {s: stages[s]["seconds"] for s in STAGES},
             "stage_peak": {s: manifest[s].get("peak_rss_mb") for s in STAGES},
-            "p50": p50, "p95": p95, "query_process": statistics.median(query_walls), "recall": recall,
+            "recall": candidate_recall(workspace, args.sample),
             "nodes": sum(json.loads(out).get("nodes", {}).values()),
+            "built": time.strftime("%Y-%m-%d %H:%M"),
         }
-        log(f"{size:,} passages: p50 {p50:.2f} ms, query process {rows[size]['query_process']:.2f} s, "
-            f"candidate recall {recall}")
+        (args.work / f"build-{size}.json").write_text(json.dumps(rows[size]))
+    log("searching: the sizes in turn")
+    for size, (p50, p95) in retrieval_latency({s: args.work / f"ws-{s}" for s in sizes}, questions, args.runs).items():
+        rows[size].update(p50=p50, p95=p95)
+    walls: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(args.runs):
+        for size in sizes:
+            walls[size].append(run_measured(cli("query", str(args.work / f"ws-{size}"), questions[0],
+                                                "--context-only"))[0])
+    for size in sizes:
+        rows[size]["query_process"] = statistics.median(walls[size])
+        log(f"{size:,} passages: p50 {rows[size]['p50']:.2f} ms, query process {rows[size]['query_process']:.2f} s")
     lines = report(rows, sizes, args)
     if args.small_files:
         lines += ["", *small_files(args)]
@@ -319,7 +342,8 @@ def report(rows: dict, sizes: list[int], args) -> list[str]:
              "`noderag index` process and its workers. Peak RSS: the whole process tree, sampled every 0.2 s. "
              f"Latency: MuSiQue's first {args.questions} questions, the median of {args.runs} rounds each, then p50 "
              "and p95 over the questions; the query process: `noderag query --context-only`, the median of "
-             f"{args.runs} runs.", "",
+             f"{args.runs} runs; the sizes take turns in both, so that the machine's busy spells fall on all "
+             f"alike. Builds made {', '.join(sorted({rows[s]['built'] for s in sizes}))}.", "",
              "| passages | nodes | wall s | peak RSS MB | disk MB | disk / raw text | retrieval p50 ms | p95 ms | "
              "query process s | candidate recall@64 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size in sizes:
