@@ -172,8 +172,8 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli import ivf
     from noderag_cli.config import SearchConfig, SimilarityConfig
     from noderag_cli.index import similarity_edges as se
-    from noderag_cli.search.prepare import scan8, vector_clusters
-    from noderag_cli.search.retriever import inner_products_at
+    from noderag_cli.search.prepare import int8_codes, scan8, vector_clusters
+    from noderag_cli.search.retriever import inner_products_at, probe_top
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
     flat, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # `flat` owns the mapping
@@ -205,6 +205,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
         part = np.ascontiguousarray(vectors[:n])
         index, scale, _ = scan8(part)
         centroids, indptr, members = vector_clusters(part, [str(i) for i in range(n)], 42)
+        codes = int8_codes(part[members])[0].astype(np.int8)
         picked = part[rng.choice(n, queries, replace=False)] + rng.normal(0, 0.02, (queries, part.shape[1])).astype(np.float32)
         picked /= np.linalg.norm(picked, axis=1, keepdims=True)
         scan_ms, probe_ms, same = [], [], 0
@@ -216,11 +217,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
             top_scan = found[0][np.lexsort((found[0], -exact))[:10]]
             scan_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            nearness = centroids @ query
-            probed = np.argpartition(-nearness, min(search.vector_probes, len(nearness) - 1))[: search.vector_probes]
-            rows = members[np.concatenate([np.arange(indptr[c], indptr[c + 1]) for c in np.sort(probed)])]
-            scores = inner_products_at(part, query, rows)
-            top_probe = rows[np.lexsort((rows, -scores))[:10]]
+            top_probe = probe_top(centroids, indptr, members, codes, part, query, 10, search.vector_probes)[0]
             probe_ms.append((time.perf_counter() - started) * 1000)
             same += set(top_scan.tolist()) == set(top_probe.tolist())
         lines.append(f"| {n:,} | {statistics.median(scan_ms):.3f} | {statistics.median(probe_ms):.3f} | "
@@ -305,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"On prefixes of the {sizes[-1]:,}-passage build's vectors (a prefix of rows sorted by id is a random "
                   "sample). The similarity lists: all pairs scored (the exact path) against the clustered index at "
                   "its default probes; recall@64 on 300 sampled nodes. The vector side: the int8 scan with its exact "
-                  "rescoring against probing the clusters; queries are build vectors plus a little noise.", "",
+                  "rescoring against probing the clusters (`retriever.probe_top`: int8 codes, then exact rescoring); queries are build vectors plus a little noise.", "",
                   *crossover(args.work / f"ws-{sizes[-1]}", [20_000, 40_000, 80_000], [20_000, 40_000, 80_000, 160_000],
                              [10_000, 30_000, 100_000, 300_000])]
     text = "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -105,6 +106,38 @@ class RichReporter(Reporter):
         self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
+class LineReporter(Reporter):
+    """Progress for a stderr that is not a terminal (a log file, a CI job, a pipe): plain lines, a
+    stage's count at most every PROGRESS_SECONDS, never bars or control characters."""
+
+    PROGRESS_SECONDS = 5.0
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.stage, self.total, self.done, self.last = None, None, 0, 0.0
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def stage_started(self, stage: str, total: int | None) -> None:
+        self.stage, self.total, self.done, self.last = stage, total, 0, time.monotonic()
+        self._line(f"{stage}: started" + (f", {total:,} to do" if total else ""))
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.stage is not None and now - self.last >= self.PROGRESS_SECONDS:
+            self.last = now
+            self._line(f"{self.stage}: {self.done:,}" + (f" of {self.total:,}" if self.total else "") + " done")
+
+    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None:
+        self._line(f"{stage}: unchanged, skipped" if skipped else f"{stage}: finished in {seconds:.1f} s")
+        self.stage = None
+
+    def warn(self, message: str) -> None:
+        self._line(f"warning: {message}")
+
+
 @app.command()
 def index(
     workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False)],
@@ -122,9 +155,12 @@ def index(
         else:
             _print_plan(plan)
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, disable=as_json) as progress:
-        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=RichReporter(progress)))
+    if console.is_terminal:
+        with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, disable=as_json) as progress:
+            result = _run(lambda: api.index(workspace, input, config_path=config, reporter=RichReporter(progress)))
+    else:
+        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=LineReporter()))
     summary = {"workspace": str(workspace), "seconds": round(result.seconds, 3), "nodes": result.node_counts,
                "edges": result.edge_count, "documents": result.documents,
                "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],

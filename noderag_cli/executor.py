@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -30,9 +32,31 @@ def local_workers(config: ExecutorConfig) -> int:
     return config.workers or ivf.cores()
 
 
-def _worker_start() -> None:
+def _end_with(driver: int) -> None:
+    """End this worker as soon as the indexing process `driver` ends: a run killed outright
+    (SIGKILL, an OOM kill) must not leave workers computing batches nobody will read, for as long
+    as a batch takes. A thread waits on a pidfd of the driver (Linux); elsewhere a worker ends
+    after its batch, when it finds the driver gone."""
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        handle = os.pidfd_open(driver)
+    except ProcessLookupError:  # already gone
+        os._exit(1)
+    except OSError:  # no pidfds here (an old kernel, a sandbox): ends after its batch, as elsewhere
+        return
+
+    def wait() -> None:
+        select.select([handle], [], [])
+        os._exit(1)
+
+    threading.Thread(target=wait, name="end-with-driver", daemon=True).start()
+
+
+def _worker_start(driver: int) -> None:
     """Each worker computes alone on its core: no thread pools of its own in the tokenizer, BLAS or
-    `ivf.in_parallel`."""
+    `ivf.in_parallel`; and it ends with the indexing process that started it."""
+    _end_with(driver)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from threadpoolctl import threadpool_limits
 
@@ -54,7 +78,8 @@ class Executor:
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(PRELOAD)
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_worker_start)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_worker_start,
+                                             initargs=(os.getpid(),))
         return self._pool
 
     def map(self, function: Callable[[Any], Any], batches: Sequence[Any],
@@ -74,6 +99,11 @@ class Executor:
             if done:
                 done(batch, result)
         return results
+
+    def release(self) -> None:
+        """End the worker processes until the next `map`: between stages, idle workers would keep
+        the memory of the stage they served while the graph-wide stages need it most."""
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -79,6 +79,9 @@ class RayExecutor:
             self._limiter = RemoteLimiter(actor, llm.requests_per_minute, llm.tokens_per_minute)
         return self._limiter
 
+    def release(self) -> None:
+        """Nothing to release between stages: the cluster's workers are Ray's to manage."""
+
     def close(self) -> None:
         """Leave the cluster (it keeps running for other drivers)."""
         self._limiter = None

@@ -292,6 +292,37 @@ def write_bad_corpus(folder: Path) -> dict[str, str]:
             "dangling.txt": "unreadable", "pipe.txt": "not a regular file", "bad-\ufffd-name.txt": "not valid UTF-8"}
 
 
+def test_progress_on_a_stderr_that_is_not_a_terminal_is_plain_lines(tmp_path):
+    """Scripts and CI capture stderr: each stage says when it starts and finishes, in plain lines
+    (no bars, no escape codes, no carriage returns), with --json as without; stdout stays JSON."""
+    run = noderag("index", tmp_path / "ws", "--input", SAMPLE_CORPUS, "--json")
+    assert run.returncode == 0, run.stderr
+    run.json()
+    assert "\x1b" not in run.stderr and "\r" not in run.stderr
+    lines = run.stderr.splitlines()
+    for stage in STAGES:
+        assert any(line.startswith(f"{stage}: started") for line in lines), (stage, lines)
+        assert any(line.startswith(f"{stage}: finished in ") for line in lines), (stage, lines)
+    assert lines.index("decompose: started, 17 to do") < lines.index("embed: started")
+
+
+def test_line_progress_counts_at_most_every_few_seconds():
+    import io
+
+    from noderag_cli.cli import LineReporter
+
+    stream = io.StringIO()
+    reporter = LineReporter(stream)
+    reporter.stage_started("decompose", 1000)
+    for _ in range(999):
+        reporter.advance()  # all within far less than PROGRESS_SECONDS: no count lines
+    reporter.PROGRESS_SECONDS = 0.0
+    reporter.advance()
+    reporter.stage_finished("decompose", 1.5, False)
+    assert stream.getvalue().splitlines() == ["decompose: started, 1,000 to do", "decompose: 1,000 of 1,000 done",
+                                              "decompose: finished in 1.5 s"]
+
+
 def test_bad_files_are_skipped_with_one_line_each(tmp_path):
     folder = tmp_path / "corpus"
     expected = write_bad_corpus(folder)

@@ -148,6 +148,61 @@ def test_one_worker_and_several_give_the_same_tables(tmp_path, built):
     assert_same_tables(tmp_path / "a", built)
 
 
+def _descendants(root: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers follow the run through prctl, Linux only")
+def test_workers_end_when_the_indexing_process_is_killed(tmp_path):
+    """SIGKILL to `noderag index` while its workers decompose: the workers are gone within seconds,
+    not left computing batches nobody will read."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    folder = tmp_path / "docs"
+    rng = np.random.default_rng(5)
+    words = [f"{a}{b}" for a in ("Kor", "Lan", "Mer", "Tav", "Bri") for b in ("ven", "dor", "holt", "wick", "ton")]
+    for number in range(3000):
+        sentences = [f"{rng.choice(words)} met {rng.choice(words)} at {rng.choice(words)} in {1800 + number % 200}."
+                     for _ in range(12)]
+        path = folder / f"d{number // 500}" / f"f{number}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(" ".join(sentences))
+    (tmp_path / "two.yaml").write_text("executor: {workers: 2}\n")
+    process = subprocess.Popen([sys.executable, "-m", "noderag_cli.cli", "index", str(tmp_path / "ws"), "--input",
+                                str(folder), "--config", str(tmp_path / "two.yaml")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_descendants(process.pid)) < 3 and time.monotonic() < deadline:  # fork server and 2 workers
+            assert process.poll() is None, "the run ended before its workers started"
+            time.sleep(0.1)
+        workers = _descendants(process.pid)
+        assert len(workers) >= 3
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
+        time.sleep(0.2)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+             and (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not alive, f"still running after the indexing process was killed: {alive}"
+
+
 def test_the_walk_matches_a_dense_walk(built):
     """The sparse numpy walk gives the support and mass of the dense walk (P^T x on whole vectors)."""
     with api.open_workspace(built, compiled=False) as session:

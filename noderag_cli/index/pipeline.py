@@ -500,6 +500,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
                                   executor))
+        executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
         digest = info.pop("outputs_digest", None) or outputs_digest(ws, stage)  # a stage that knows it says it

@@ -72,6 +72,30 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
     return out
 
 
+def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
+              vectors: np.ndarray, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k vector rows most similar to `query` among the members of its `probes` nearest
+    clusters, with their exact cosines (best first, ties by row): a cost set by the probes, not by
+    the size of the build. The members are scored by their int8 `codes`, stored cluster after
+    cluster (a contiguous read per cluster, a quarter of the float32 bytes scattered over the
+    vectors file), and the best SCAN8_CANDIDATES + k of them rescored exactly."""
+    nearness = inner_products(centroids, query)
+    probes = min(probes, len(nearness))
+    probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
+    positions = row_entries(indptr, np.sort(probed))
+    wanted = SCAN8_CANDIDATES + k
+    if wanted < len(positions):
+        estimates = inner_products(codes[positions].astype(np.float32), query)
+        positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
+    rows = members[positions]
+    exact = inner_products_at(vectors, query, rows)
+    if k < len(rows):  # only what ties with the k-th best or beats it is sorted
+        keep = np.flatnonzero(exact >= np.partition(exact, len(rows) - k)[len(rows) - k])
+        rows, exact = rows[keep], exact[keep]
+    order = np.lexsort((rows, -exact))[:k]
+    return rows[order], exact[order]
+
+
 @dataclass
 class RetrievedNode:
     id: str
@@ -316,29 +340,6 @@ class Retriever:
                 return None
         return self.node_of_vector[self.scanned_rows[candidates[order]]], exact[order]
 
-    def _probe_top(self, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k S, A and H vectors most similar to `query` among the members of its `probes`
-        nearest clusters (exact cosines, best first, ties by row): a cost set by the probes, not by
-        the size of the build. The members are scored by their int8 codes, stored cluster after
-        cluster (a contiguous read per cluster, a quarter of the float32 bytes scattered over the
-        vectors file), and the best SCAN8_CANDIDATES + k of them rescored exactly."""
-        centroids, indptr, members, codes = self.clusters
-        nearness = inner_products(centroids, query)
-        probes = min(probes, len(nearness))
-        probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
-        positions = row_entries(indptr, np.sort(probed))
-        wanted = SCAN8_CANDIDATES + k
-        if wanted < len(positions):
-            estimates = inner_products(codes[positions].astype(np.float32), query)
-            positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
-        rows = members[positions]
-        exact = inner_products_at(self.vectors, query, rows)
-        if k < len(rows):  # only what ties with the k-th best or beats it is sorted
-            keep = np.flatnonzero(exact >= np.partition(exact, len(rows) - k)[len(rows) - k])
-            rows, exact = rows[keep], exact[keep]
-        order = np.lexsort((rows, -exact))[:k]
-        return self.node_of_vector[rows[order]], exact[order]
-
     def similarities(self, query: np.ndarray) -> np.ndarray:
         """Cosine of the query to the S, A and H vectors, in the order of `_typed_vectors(SCANNED)`:
         one exact float32 scan. The search itself scans the int8 copy (`_scan8_top`); this is the
@@ -349,11 +350,12 @@ class Retriever:
                       similarities: np.ndarray | None = None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(node rows, similarities) of the k nodes of the given types most similar to `query`, best
         first, ties by id: for SCANNED types from `similarities` already computed, else in a large
-        build from its clusters (`_probe_top`, `probes` of them), else exactly from the int8 scan
+        build from its clusters (`probe_top`, `probes` of them), else exactly from the int8 scan
         (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat scan."""
         if types == SCANNED and similarities is None and 0 < k < len(self.scanned_rows):
             if self.clusters is not None:
-                return self._probe_top(query, k, probes or self.config.search.vector_probes)
+                rows, exact = probe_top(*self.clusters, self.vectors, query, k, probes or self.config.search.vector_probes)
+                return self.node_of_vector[rows], exact
             found = self._scan8_top(query, k)
             if found is not None:
                 return found
