@@ -94,19 +94,11 @@ FILE_MODE = _file_mode()  # what open() would give: other users may read a works
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as handle:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    atomic_write_with(path, write)
 
 
 DICTIONARY_ENCODED = frozenset({"type", "kind", "status", "stage", "reason",  # a handful of distinct values
@@ -132,7 +124,8 @@ def write_parquet(path: Path, table: pa.Table) -> None:
 
 
 def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
-    """Like `atomic_write_bytes`, for a writer that takes a file name (faiss.write_index)."""
+    """`write(name)` into a temporary file beside `path`, flushed to disk, then renamed over `path`:
+    a reader sees the old file or the new one, never a part (faiss.write_index takes a name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
