@@ -16,7 +16,7 @@ read by deriving the same structures in memory (`prepare` on its tables).
 | node_of_vector, scanned_rows | per vector, its node; the vector rows of the S, A, H nodes |
 | scan8.faiss | below `search.clustered_from` S, A, H vectors: an int8 copy of them (`scan8` in the manifest: scale, rounding error) |
 | cluster_centroids, cluster_indptr, cluster_rows | from there on: their clusters (`ivf.Clusters`): unit centroids, and each cluster's vector rows |
-| cluster_codes | the int8 codes of those rows, cluster after cluster (`clusters` in the manifest: count, scale) |
+| cluster_codes | the int8 codes of those rows, cluster after cluster (ranking only: no scale is kept) |
 | walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
@@ -246,9 +246,8 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
             out.arrays["cluster_centroids"] = centroids
             out.arrays["cluster_indptr"] = indptr
             out.arrays["cluster_rows"] = scanned_rows[members]
-            member_codes, scale = int8_codes(vectors[scanned_rows[members]])
-            out.arrays["cluster_codes"] = member_codes.astype(np.int8)
-            out.meta["clusters"] = {"count": len(centroids), "scale": scale}
+            out.arrays["cluster_codes"] = int8_codes(vectors[scanned_rows[members]])[0].astype(np.int8)
+            out.meta["clusters"] = len(centroids)
         else:
             index, scale, error = scan8(vectors[scanned_rows])
             out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()

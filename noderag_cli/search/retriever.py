@@ -198,7 +198,6 @@ class Retriever:
             self._scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
             if vector_index.d != embedder.dim:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
-            self._vector_index = vector_index  # owns the mapped memory `vectors` views
             self.vectors = ivf.flat_vectors(vector_index)
         self._text_column = data.arrow("node_text")["text"]
         self.type_codes = _mapped(data.array("type_codes"))
