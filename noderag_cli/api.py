@@ -26,7 +26,7 @@ from .evaluate.datasets import Question, QuestionFileError, read_jsonl
 from .executor import make_executor
 from .graph import NODE_TYPES
 from .index import assemble
-from .index.chunk import check_input_folder, document_chunks, scan
+from .index.chunk import InputError, check_input_folder, document_chunks, scan
 from .index.decompose import cache_key
 from .index.pipeline import (
     STAGES,
@@ -78,9 +78,10 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
-    reporter: Reporter | None = None, stop_after: str | None = None,
+    reporter: Reporter | None = None, stop_after: str | None = None, overrides: dict | None = None,
 ) -> IndexResult:
-    """Index (or update) WORKSPACE from every .txt/.md file under input_folder.
+    """Index (or update) WORKSPACE from every .txt/.md file under input_folder. `overrides`:
+    dotted settings over the config (`{"chunk.follow_symlinks": True}`), kept in its snapshot.
 
     Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
     other embedding model, cannot be written); nothing is created before the input is checked.
@@ -88,7 +89,7 @@ def index(
     ws = Workspace(Path(workspace))
     ws.check_usable()
     check_input_folder(Path(input_folder))
-    config = config or workspace_config(ws, config_path)
+    config = config or workspace_config(ws, config_path, overrides)
     with ws.lock():
         problem = cache_damage(ws.cache_path)
         if problem:
@@ -365,15 +366,18 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
     return report
 
 
-def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None) -> dict:
+def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
+         overrides: dict | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
     pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
     and cost."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
-    config = workspace_config(ws, config_path) if ws.root.is_dir() else load_config(config_path)
-    files = scan(Path(input_folder), config.chunk.extensions, config.chunk.max_file_bytes)
+    config = (workspace_config(ws, config_path, overrides) if ws.root.is_dir()
+              else load_config(config_path, overrides))
+    files = scan(Path(input_folder), config.chunk.extensions, config.chunk.max_file_bytes,
+                 follow_symlinks=config.chunk.follow_symlinks)
     readable = [f for f in files if not f.reason]
     changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
     counts = {k: len(v) for k, v in changes.items()} | {"skipped": len(files) - len(readable)}
@@ -406,5 +410,30 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     return result
 
 
-__all__ = ["index", "query", "open_workspace", "stats", "plan", "read_questions", "workspace_config", "make_engine",
+def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> dict:
+    """Write the current build's graph as GraphML (a file) or Neo4j bulk-import CSV (a folder with
+    nodes.csv and edges.csv), by default `<workspace name>.graphml` or `<workspace name>-csv/` in
+    the current folder; never writes to the workspace. Returns what was written."""
+    from . import export as exporter
+
+    if fmt not in exporter.FORMATS:
+        raise InputError(f"unknown export format '{fmt}'; valid: {', '.join(exporter.FORMATS)}")
+    ws = Workspace(Path(workspace))
+    target = Path(out) if out is not None else Path(f"{ws.root.resolve().name}" + (".graphml" if fmt == "graphml"
+                                                                                   else "-csv"))
+    if fmt == "graphml" and target.is_dir():
+        raise InputError(f"--out {target} is a folder; GraphML goes to a file")
+    if fmt == "csv" and target.exists() and not target.is_dir():
+        raise InputError(f"--out {target} is a file; the CSV export is a folder (nodes.csv, edges.csv)")
+    with ws.open_generation() as generation:
+        try:
+            write = exporter.write_graphml if fmt == "graphml" else exporter.write_csv
+            counts = write(generation, target)
+        except OSError as err:
+            raise InputError(f"cannot write {target}: {err.strerror or err}") from err
+    files = [str(target)] if fmt == "graphml" else [str(target / "nodes.csv"), str(target / "edges.csv")]
+    return {"format": fmt, "generation": generation.name, "files": files, **counts}
+
+
+__all__ = ["index", "query", "open_workspace", "stats", "plan", "export", "read_questions", "workspace_config", "make_engine",
            "Session", "Workspace", "WorkspaceError", "IndexResult", "QuestionFileError"]

@@ -3,7 +3,12 @@
 Exit codes: 0 success, 1 the run finished with failed items, 2 bad input or usage
 (missing folder, invalid config, bad question file...), 3 the workspace cannot be
 used (locked, not indexed, other embedding model), 4 the LLM engine is unreachable or
-misconfigured, 130 interrupted. Every error is one line on stderr, never a traceback.
+misconfigured, 130 interrupted. Every error is one line on stderr, never a traceback; with
+`--json` it is also a JSON object `{"error", "exit_code"}` on stdout, where results go.
+
+Output: document text is printed verbatim (no markup, no emoji codes); progress goes to
+stderr, as bars on a terminal and as plain lines every few seconds anywhere else. Imports
+are lazy so that `--help` and `--version` answer at once.
 
 `index` in detail:
 - 0 also when some files were skipped: binary (NUL bytes), not UTF-8, empty, a line over
@@ -19,8 +24,10 @@ misconfigured, 130 interrupted. Every error is one line on stderr, never a trace
   continues from the last committed stage and yields the same tables as an uninterrupted run.
 """
 
+
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,25 +38,40 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-
-from . import api
-from .config import ConfigError
-from .engines.base import EngineError
-from .index.chunk import InputError
-from .index.pipeline import Reporter
-from .search import QueryError
-from .workspace import WorkspaceError
+from rich.text import Text
+from typer.core import TyperArgument, TyperCommand
 
 EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_WORKSPACE, EXIT_ENGINE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+
+CONFIG_DEFAULTS = {"budget": "search.budget_tokens", "top_k": "search.vector_top_k",
+                   "iterations": "search.ppr_iterations", "alpha": "search.ppr_alpha"}
+"""Options whose default is a config setting; `--help` shows the setting and its default value."""
+
+
+class Command(TyperCommand):
+    """Usage lines that name arguments as users read them (`WORKSPACE [QUESTION]`), and options
+    whose default is a config setting shown with its value (the config is read only for help)."""
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar or param.name.upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_help(self, ctx, formatter):
+        if any(param.name in CONFIG_DEFAULTS for param in self.params):
+            from .config import Config
+
+            defaults = Config()
+            for param in self.params:
+                if param.name in CONFIG_DEFAULTS:
+                    section, key = CONFIG_DEFAULTS[param.name].split(".")
+                    value = getattr(getattr(defaults, section), key)
+                    param.show_default = f"{value}, or the config's {CONFIG_DEFAULTS[param.name]}"
+        super().format_help(ctx, formatter)
+
 
 app = typer.Typer(
     help="Build a NodeRAG heterograph from a folder of documents and answer questions from it. "
@@ -57,21 +79,68 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-console = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True, markup=False)  # stdout: answers and JSON print verbatim
+console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages and progress
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # results: document text verbatim
+_json_errors = False  # a command run with --json (or --questions): its error is also one JSON line on stdout
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"noderag {version('noderag-cli')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Build a NodeRAG heterograph from a folder of documents and answer questions from it.
+    Runs offline by default; LLM engines through litellm by config."""
+
+
+def _print_json(payload, indent: int | None = 2) -> None:
+    """JSON on stdout, as is (never through Rich, which would render markup or emoji codes in it)."""
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False, indent=indent) + "\n")
+    sys.stdout.flush()
+
+
+def _say(label: str, style: str, message: str) -> None:
+    console.print(Text.assemble((label, style), " ", message), soft_wrap=True)
+
+
+def _warn(message: str) -> None:
+    _say("warning:", "yellow", message)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    _say("error:", "bold red", message)
+    if _json_errors:
+        _print_json({"error": message, "exit_code": code}, indent=None)
     return typer.Exit(code)
+
+
+def _json_mode(as_json: bool) -> None:
+    global _json_errors
+    _json_errors = as_json
 
 
 def _run(action):
     """Map the API's errors to one-line messages and exit codes."""
+    from .config import ConfigError
+    from .engines.base import EngineError
+    from .evaluate.datasets import QuestionFileError
+    from .index.chunk import InputError
+    from .search import QueryError
+    from .workspace import WorkspaceError
+
     try:
         return action()
-    except (ConfigError, InputError, QueryError, api.QuestionFileError) as err:
+    except (ConfigError, InputError, QueryError, QuestionFileError) as err:
         raise _fail(str(err), EXIT_INPUT) from None
     except WorkspaceError as err:
         raise _fail(str(err), EXIT_WORKSPACE) from None
@@ -81,8 +150,19 @@ def _run(action):
         raise _fail(str(err), EXIT_ENGINE) from None
 
 
-class RichReporter(Reporter):
-    def __init__(self, progress: Progress):
+def _table(title: str | None, columns: list[str], right: tuple[str, ...] = ()):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
+    return table
+
+
+class RichReporter:
+    """`pipeline.Reporter` drawn as Rich bars (a terminal stderr)."""
+
+    def __init__(self, progress):
         self.progress = progress
         self.task = None
 
@@ -103,12 +183,12 @@ class RichReporter(Reporter):
         self.task = None
 
     def warn(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        _warn(message)
 
 
-class LineReporter(Reporter):
-    """Progress for a stderr that is not a terminal (a log file, a CI job, a pipe): plain lines, a
-    stage's count at most every PROGRESS_SECONDS, never bars or control characters."""
+class LineReporter:
+    """`pipeline.Reporter` for a stderr that is not a terminal (a log file, a CI job, a pipe): plain
+    lines, a stage's count at most every PROGRESS_SECONDS, never bars or control characters."""
 
     PROGRESS_SECONDS = 5.0
 
@@ -138,29 +218,57 @@ class LineReporter(Reporter):
         self._line(f"warning: {message}")
 
 
-@app.command()
+@contextlib.contextmanager
+def _bars():
+    """Rich progress bars on a terminal stderr; None elsewhere (the caller prints plain lines)."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        yield progress
+
+
+@app.command(cls=Command)
 def index(
-    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False)],
+    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False,
+                                              metavar="WORKSPACE", show_default=False)],
     input: Annotated[Path, typer.Option("--input", "-i", help="folder of .txt/.md documents, read recursively",
-                                        readable=False)],
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; default: the workspace's own")] = None,
+                                        readable=False, metavar="FOLDER", show_default=False)],
+    config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE",
+                                                help="YAML config; default: the workspace's own")] = None,
+    follow_symlinks: Annotated[bool | None, typer.Option(
+        "--follow-symlinks/--no-follow-symlinks", show_default=False,
+        help="read files whose links lead out of FOLDER, or not (skipped with a warning); kept in the "
+             "workspace's config [default: not]")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would do and cost, change nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
-    """Index every .txt and .md file under INPUT into WORKSPACE; resumes and updates incrementally."""
+    """Index every .txt and .md file under FOLDER into WORKSPACE; resumes and updates incrementally."""
+    from . import api
+
+    _json_mode(as_json)
+    overrides = {} if follow_symlinks is None else {"chunk.follow_symlinks": follow_symlinks}
     if dry_run:
-        plan = _run(lambda: api.plan(workspace, input, config_path=config))
+        plan = _run(lambda: api.plan(workspace, input, config_path=config, overrides=overrides))
         if as_json:
-            out.print_json(json.dumps(plan))
+            _print_json(plan)
         else:
             _print_plan(plan)
         return
-    if console.is_terminal:
-        with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, disable=as_json) as progress:
-            result = _run(lambda: api.index(workspace, input, config_path=config, reporter=RichReporter(progress)))
-    else:
-        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=LineReporter()))
+    with _bars() as bars:
+        reporter = RichReporter(bars) if bars is not None else LineReporter()
+        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter,
+                                        overrides=overrides))
     summary = {"workspace": str(workspace), "seconds": round(result.seconds, 3), "nodes": result.node_counts,
                "edges": result.edge_count, "documents": result.documents,
                "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
@@ -168,12 +276,9 @@ def index(
                "stages": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                           for k, v in result.stages.items()}}
     if as_json:
-        out.print_json(json.dumps(summary))
+        _print_json(summary)
     else:
-        table = Table(title=f"indexed {workspace} in {result.seconds:.1f}s")
-        table.add_column("stage")
-        table.add_column("seconds", justify="right")
-        table.add_column("result")
+        table = _table(f"indexed {workspace} in {result.seconds:.1f}s", ["stage", "seconds", "result"], ("seconds",))
         for stage, info in result.stages.items():
             detail = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()
                                if k not in ("skipped", "seconds"))
@@ -184,9 +289,10 @@ def index(
                   + f", {len(result.skipped_files)} skipped")
         out.print("nodes: " + "  ".join(f"{t} {n}" for t, n in result.node_counts.items()) + f"   edges: {result.edge_count}")
         if result.skipped_files:
-            out.print(f"[yellow]{len(result.skipped_files)} file(s) skipped[/] (see warnings above)")
+            out.print(f"{len(result.skipped_files)} file(s) skipped (see the warnings above, or `noderag stats "
+                      f"{workspace} --documents`)")
     if result.failures:
-        console.print(f"[yellow]{result.failures} item(s) failed[/]; `noderag index` again retries only those")
+        _warn(f"{result.failures} item(s) failed; `noderag index` again retries only those")
         raise typer.Exit(EXIT_FAILED_ITEMS)
 
 
@@ -200,7 +306,7 @@ def _print_plan(plan: dict) -> None:
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             out.print(f"  {kind}: {shown}")
     for item in plan["skipped"][:10]:
-        out.print(f"  unreadable: {item['path']}: {item['reason']}", markup=False)
+        out.print(f"  unreadable: {item['path']}: {item['reason']}")
     chunks = plan["chunks"]
     out.print(f"chunks of new or changed documents: {chunks['in_changed_documents']}, "
               f"{chunks['to_decompose']} not decomposed yet")
@@ -209,9 +315,8 @@ def _print_plan(plan: dict) -> None:
         out.print(f"  {stage:<12} {state}")
     if plan.get("llm"):
         llm = plan["llm"]
-        table = Table(title=f"LLM estimate for {llm['model']} ({llm['method']})")
-        for column in ("task", "calls", "input tokens", "output tokens", "cost"):
-            table.add_column(column, justify="right" if column != "task" else "left")
+        columns = ["task", "calls", "input tokens", "output tokens", "cost"]
+        table = _table(f"LLM estimate for {llm['model']} ({llm['method']})", columns, tuple(columns[1:]))
         for task, row in llm["tasks"].items():
             table.add_row(task, str(row["calls"]), str(row["input_tokens"]), str(row["output_tokens"]), row["cost"])
         table.add_row("total", str(llm["total"]["calls"]), str(llm["total"]["input_tokens"]),
@@ -219,126 +324,187 @@ def _print_plan(plan: dict) -> None:
         out.print(table)
 
 
-@app.command()
+def _answer_lines(session, questions: Path, items: list, answer: bool) -> int:
+    """`--questions`: one JSON line out per line in, in order; a bad line, or a question that cannot
+    be searched, gets `{"line", "error"}` in its place and the run goes on. Exit 1 if any failed."""
+    from .search import QueryError
+
+    failed = 0
+    for number, item in items:
+        error = item if isinstance(item, str) else None
+        if error is None:
+            try:
+                result = session.ask(item.question, answer=answer)
+            except QueryError as err:
+                error = str(err)
+        if error is not None:
+            failed += 1
+            _warn(f"{questions} line {number}: {error}")
+            _print_json({"line": number, "error": error}, indent=None)
+        else:
+            _print_json({"line": number, **result.as_dict()}, indent=None)
+    return EXIT_FAILED_ITEMS if failed else 0
+
+
+@app.command(cls=Command)
 def query(
-    workspace: Annotated[Path, typer.Argument(help="an indexed workspace")],
-    question: Annotated[str | None, typer.Argument(help="the question (omit with --questions)")] = None,
-    questions: Annotated[Path | None, typer.Option("--questions", help="JSONL file, one {\"question\": ...} per line")] = None,
-    budget: Annotated[int | None, typer.Option("--budget", min=1, help="context token budget")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", min=0, help="vector entry points")] = None,
-    iterations: Annotated[int | None, typer.Option("--ppr-iterations", min=0, help="PPR iterations")] = None,
-    alpha: Annotated[float | None, typer.Option("--ppr-alpha", min=0.0, max=1.0, help="PPR teleport weight")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config for search and engine settings")] = None,
+    workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
+    question: Annotated[str | None, typer.Argument(help="the question (omit with --questions)", metavar="QUESTION",
+                                                   show_default=False)] = None,
+    questions: Annotated[Path | None, typer.Option(
+        "--questions", metavar="FILE", help="JSONL file, one {\"question\": ...} per line; prints one JSON line per "
+                                            "line, {\"line\": N, \"error\": ...} for a bad one (exit 1)")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", min=1, metavar="TOKENS", help="context token budget")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=0, metavar="N", help="vector entry points")] = None,
+    iterations: Annotated[int | None, typer.Option("--ppr-iterations", min=0, metavar="N",
+                                                   help="PPR iterations")] = None,
+    alpha: Annotated[float | None, typer.Option("--ppr-alpha", min=0.0, max=1.0, metavar="A",
+                                                help="PPR teleport weight")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE",
+                                                help="YAML config for search and engine settings")] = None,
     context_only: Annotated[bool, typer.Option("--context-only", help="retrieve only, no answer step")] = False,
     show_context: Annotated[bool, typer.Option("--show-context", help="print the retrieved nodes too")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable result (see README)")] = False,
 ) -> None:
     """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
+    from . import api
+    from .evaluate.datasets import read_question_lines
+
+    _json_mode(as_json or questions is not None)
     if (question is None) == (questions is None):
         raise _fail("give either a QUESTION or --questions FILE", EXIT_INPUT)
     overrides = {k: v for k, v in {"search.budget_tokens": budget, "search.vector_top_k": top_k,
                                    "search.ppr_iterations": iterations, "search.ppr_alpha": alpha}.items() if v is not None}
-    items, problems = _run(lambda: api.read_questions(questions)) if questions is not None else ([], [])
-    for problem in problems:
-        console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+    items = _run(lambda: read_question_lines(questions)) if questions is not None else []
     compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
     session = _run(lambda: api.open_workspace(workspace, config_path=config, overrides=overrides, compiled=compiled))
     if questions is not None:
-        for item in items:
-            result = _run(lambda item=item: session.ask(item.question, answer=not context_only))
-            out.print(json.dumps(result.as_dict(), ensure_ascii=False), highlight=False)
+        code = _run(lambda: _answer_lines(session, questions, items, not context_only))
+        if code:
+            raise typer.Exit(code)
         return
     result = _run(lambda: session.ask(question, answer=not context_only))
     if as_json:
-        out.print(json.dumps(result.as_dict(), ensure_ascii=False, indent=2), highlight=False)
+        _print_json(result.as_dict())
         return
     if result.answer is not None:
         out.print(result.answer)
     if show_context or context_only:
         _print_context(result)
-    elif not result.nodes:
-        console.print("nothing in the workspace matched this question")
+    if not result.nodes:
+        budget_tokens = session.retriever.config.search.budget_tokens
+        if result.smallest_match_tokens > budget_tokens:
+            _warn(f"the budget of {budget_tokens} tokens is smaller than the smallest matching node "
+                  f"({result.smallest_match_tokens} tokens); raise --budget")
+        else:
+            _warn("nothing in the workspace matched this question")
 
 
 def _print_context(result) -> None:
-    table = Table(title=f"context: {len(result.nodes)} nodes, {result.context_tokens} tokens, "
-                        f"{result.timings.get('retrieval_ms', 0):.1f} ms")
-    for column in ("type", "score", "text", "documents"):
-        table.add_column(column)
+    table = _table(f"context: {len(result.nodes)} nodes, {result.context_tokens} tokens, "
+                   f"{result.timings.get('retrieval_ms', 0):.1f} ms", ["type", "score", "text", "documents"])
     for node in result.nodes:
-        text = node.text if len(node.text) < 300 else node.text[:297] + "..."
-        table.add_row(node.type, f"{node.score:.4f}", text, ", ".join(node.documents))
+        table.add_row(node.type, f"{node.score:.4f}", node.text, ", ".join(node.documents))
     out.print(table)
 
 
-@app.command()
+def _stage_details(info: dict) -> str:
+    """A stage's LLM use and vectors in words; only what is not zero."""
+    llm = info.get("llm") or {}
+    parts = [f"{llm[key]:,} {label}" for key, label in (("calls", "LLM calls"), ("cache_hits", "cache hits"))
+             if llm.get(key)]
+    failures = info.get("failures", llm.get("failures", 0))
+    if failures:
+        parts.append(f"{failures:,} failed")
+    if llm.get("input_tokens") or llm.get("output_tokens"):
+        parts.append(f"{llm.get('input_tokens', 0):,} in / {llm.get('output_tokens', 0):,} out tokens")
+    if llm.get("calls"):
+        cost = llm.get("cost_usd")
+        parts.append("cost unknown" if cost is None else f"${cost:.4f}")
+    if info.get("vectors_computed"):
+        parts.append(f"{info['vectors_computed']:,} new vectors")
+    return ", ".join(parts)
+
+
+@app.command(cls=Command)
 def stats(
-    workspace: Annotated[Path, typer.Argument(help="a workspace folder")],
+    workspace: Annotated[Path, typer.Argument(help="a workspace folder", metavar="WORKSPACE", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     documents: Annotated[bool, typer.Option("--documents", help="list every document with its status")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="check every file of the current build against its "
                                                            "recorded checksum, and the cache; exit 3 if one differs")] = False,
 ) -> None:
     """What WORKSPACE holds: nodes per type, edges per kind, vectors, files, stages, LLM usage. Never writes to it."""
+    from . import api
+
+    _json_mode(as_json)
     report = _run(lambda: api.stats(workspace, verify=verify))
     if as_json:
-        out.print(json.dumps(report, indent=2), highlight=False)
+        _print_json(report)
         return
-    nodes = Table(title="nodes")
-    nodes.add_column("type")
-    nodes.add_column("count", justify="right")
+    nodes = _table("nodes", ["type", "count"], ("count",))
     for node_type, count in report["nodes"].items():
-        nodes.add_row(node_type, str(count))
+        nodes.add_row(node_type, f"{count:,}")
     out.print(nodes)
-    edges = Table(title="edges")
-    edges.add_column("kind")
-    edges.add_column("count", justify="right")
+    edges = _table("edges", ["kind", "count"], ("count",))
     for kind, count in report["edges"]["by_kind"].items():
-        edges.add_row(kind, str(count))
+        edges.add_row(kind, f"{count:,}")
     for label in ("non_hnsw", "hnsw", "merged_total"):
-        edges.add_row(label, str(report["edges"][label]))
+        edges.add_row(label, f"{report['edges'][label]:,}")
     out.print(edges)
-    out.print(f"vectors: {report['vectors']['count']} of dimension {report['vectors']['dim']} "
+    out.print(f"vectors: {report['vectors']['count']:,} of dimension {report['vectors']['dim']} "
               f"({report['vectors']['model']})")
     out.print(f"current build: {report['generation'] or 'none yet'}")
     if "verified" in report:
         out.print(f"verified: {report['verified']['files']} files of {report['verified']['generation']}, "
                   "every checksum matches")
-    stages = Table(title="stages")
-    for column in ("stage", "state", "seconds", "LLM calls", "cache hits", "failures", "in tokens", "out tokens", "cost $",
-                   "new vectors"):
-        stages.add_column(column)
+    stages = _table("stages", ["stage", "state", "seconds", "LLM use, vectors"], ("seconds",))
     for stage, info in report["stages"].items():
-        llm = info.get("llm") or {}
-        stages.add_row(stage, info.get("state", "-"), str(info.get("seconds", "-")), str(llm.get("calls", 0)),
-                       str(llm.get("cache_hits", 0)), str(info.get("failures", llm.get("failures", 0))),
-                       str(llm.get("input_tokens", 0)), str(llm.get("output_tokens", 0)), f"{llm.get('cost_usd', 0):.4f}",
-                       str(info.get("vectors_computed", "-")))
+        stages.add_row(stage, info.get("state", "-"), str(info.get("seconds", "-")), _stage_details(info))
     out.print(stages)
     docs = report["documents"]
     out.print("documents: " + ", ".join(f"{n} {s}" for s, n in docs["by_status"].items()))
     if documents:
-        listing = Table(title="documents")
-        for column in ("path", "status", "chunks", "reason"):
-            listing.add_column(column)
+        listing = _table("documents", ["path", "status", "chunks", "reason"])
         for row in docs["list"]:
             chunks = str(row["chunks"])
             if row["status"] == "pending":
                 chunks = f"{row['chunks_done']}/{row['chunks']} decomposed" if row["chunks"] else "-"
             listing.add_row(row["path"], row["status"], chunks, row["reason"])
         out.print(listing)
-    files = Table(title="files")
-    files.add_column("file")
-    files.add_column("bytes", justify="right")
+    files = _table("files", ["file", "bytes"], ("bytes",))
     for name, size in report["files"].items():
         files.add_row(name, f"{size:,}")
     out.print(files)
 
 
-class _AblateProgress:
+@app.command(cls=Command)
+def export(
+    workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="graphml|csv",
+                                     help="GraphML (networkx, Gephi) or Neo4j bulk-import CSV")] = "graphml",
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", metavar="PATH", show_default=False,
+        help="the GraphML file or the CSV folder [default: WORKSPACE's name + .graphml or -csv, here]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """Write WORKSPACE's graph (every node and edge, with type, text, documents, community, edge kind,
+    weight and the similarity flag) for other tools. Reads the current build; never writes to it."""
+    from . import api
+
+    _json_mode(as_json)
+    written = _run(lambda: api.export(workspace, fmt, out_path))
+    if as_json:
+        _print_json(written)
+    else:
+        out.print(f"wrote {written['nodes']:,} nodes and {written['edges']:,} edges of build {written['generation']} "
+                  f"to {', '.join(written['files'])}")
+
+
+class _AblateBars:
     """`evaluate.ablate.Progress` drawn with Rich: one bar for the run, named after the strategy running."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress):
         self.progress = progress
         self.task = None
 
@@ -354,52 +520,78 @@ class _AblateProgress:
             self.progress.advance(self.task, n)
 
     def note(self, message: str) -> None:
-        self.progress.console.print(f"[cyan]note:[/] {message}", highlight=False)
+        _say("note:", "cyan", message)
 
     def warn(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        _warn(message)
 
 
-@app.command()
+class _AblateLines(LineReporter):
+    """`evaluate.ablate.Progress` as plain lines (stderr not a terminal); also the indexing reporter."""
+
+    def run_started(self, total: int) -> None:
+        self._line(f"ablate: {total:,} searches to run")
+
+    def strategy_started(self, name: str, total: int) -> None:
+        self.stage_started(name, None)
+
+    def note(self, message: str) -> None:
+        self._line(f"note: {message}")
+
+
+@app.command(cls=Command)
 def ablate(
     workspace: Annotated[Path | None, typer.Argument(
+        metavar="WORKSPACE", show_default=False,
         help="indexed workspace (with --questions); with --dataset it is built or reused here, "
              "default OUT/<dataset>-workspace")] = None,
     questions: Annotated[Path | None, typer.Option(
-        "--questions", help="JSONL, one {\"question\", \"answers\", \"supporting_documents\"} per line")] = None,
+        "--questions", metavar="FILE",
+        help="JSONL, one {\"question\", \"answers\", \"supporting_documents\"} per line")] = None,
     dataset: Annotated[str | None, typer.Option(
-        "--dataset", help="musique or hotpotqa: read that format from --data, index its corpus (one document per "
-                          "passage) into the workspace, evaluate its questions")] = None,
-    data: Annotated[Path | None, typer.Option("--data", help="the dataset folder (corpus.json, questions.json)")] = None,
+        "--dataset", metavar="NAME", help="musique or hotpotqa: read that format from --data, index its corpus (one "
+                                          "document per passage) into the workspace, evaluate its questions")] = None,
+    data: Annotated[Path | None, typer.Option("--data", metavar="FOLDER",
+                                              help="the dataset folder (corpus.json, questions.json)")] = None,
     variants: Annotated[str | None, typer.Option(
-        "--variants", help="comma-separated strategies, default all: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, "
-                           "graph-vector, no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
-                           "lightrag-local, lightrag-global, lightrag-hybrid, graphrag-local, graphrag-global, hipporag")] = None,
-    budgets: Annotated[str, typer.Option("--budgets", help="comma-separated context token budgets")] = "1000,2000,4000",
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="folder for ablation.csv, ablation.json, ablation.png "
-                                                              "(and the dataset's corpus and workspace)")] = Path("ablate-out"),
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config for search and engine settings")] = None,
+        "--variants", metavar="NAMES",
+        help="comma-separated strategies, default all: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, "
+             "graph-vector, no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
+             "lightrag-local, lightrag-global, lightrag-hybrid, graphrag-local, graphrag-global, hipporag")] = None,
+    budgets: Annotated[str, typer.Option("--budgets", metavar="TOKENS",
+                                         help="comma-separated context token budgets")] = "1000,2000,4000",
+    out_dir: Annotated[Path, typer.Option("--out", "-o", metavar="FOLDER",
+                                          help="folder for ablation.csv, ablation.json, ablation.png "
+                                               "(and the dataset's corpus and workspace)")] = Path("ablate-out"),
+    config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE",
+                                                help="YAML config for search and engine settings")] = None,
     answer: Annotated[bool, typer.Option("--answer", help="also answer with the shared prompt and score with an LLM "
                                                           "judge (needs an LLM engine)")] = False,
-    limit: Annotated[int | None, typer.Option("--limit", help="only the first N questions")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", metavar="N", help="only the first N questions")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON instead of a table")] = False,
 ) -> None:
     """Run NodeRAG, its ablations and the baselines on every question at every budget; write a table and a plot."""
-    from rich import box
-
     from .evaluate import ablate as ablation
 
-    try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, disable=as_json) as progress:
+    _json_mode(as_json)
+    with _bars() as bars:
+        lines = _AblateLines() if bars is None else None
+        progress = lines or _AblateBars(bars)
+        reporter = lines or RichReporter(bars)
+        try:
             result = _run(lambda: ablation.run_from_args(
                 workspace, questions, dataset, data, variants, budgets, out_dir, config, answer, limit,
-                progress=_AblateProgress(progress), reporter=RichReporter(progress)))
-    except ablation.AblationInputError as err:
-        raise _fail(str(err), EXIT_INPUT) from None
+                progress=progress, reporter=reporter))
+        except ablation.AblationInputError as err:
+            raise _fail(str(err), EXIT_INPUT) from None
+    if ablation.PNG_SKIPPED in result.notes:
+        _say("note:", "cyan", ablation.PNG_SKIPPED)
     if as_json:
-        out.print(json.dumps(result.as_dict(), indent=2), highlight=False)
+        _print_json(result.as_dict())
         return
+    from rich import box
+    from rich.table import Table
+
     judged = any(row["judge_accuracy"] is not None for row in result.rows)
     table = Table(title=f"{result.dataset or result.workspace}: {result.questions} questions, "
                         f"{len(result.rows)} rows in {result.seconds.get('run', 0):.1f}s", box=box.SIMPLE_HEAD,
@@ -418,27 +610,41 @@ def ablate(
                       style="italic" if row["kind"] == "baseline" else None)
     out.print(table)
     for name, reason in result.skipped.items():
-        console.print(f"[yellow]skipped {name}:[/] {reason}", highlight=False)
+        _warn(f"skipped {name}: {reason}")
     out.print("wrote " + ", ".join(result.files.values()))
+
+
+def _usage_error(err) -> int:
+    """A usage error (unknown option, bad value): click's message, and with --json the JSON object."""
+    err.show()
+    code = getattr(err, "exit_code", EXIT_INPUT)
+    if "--json" in sys.argv[1:]:
+        _print_json({"error": err.format_message(), "exit_code": code}, indent=None)
+    return code
 
 
 def main() -> None:  # pragma: no cover
     """The `noderag` command: run it, then leave without tearing the interpreter down. Everything a
     command writes is on disk (fsynced) or flushed by then, and freeing an indexing run's millions of
-    small objects one by one took ~0.2 s, 5% of an incremental update. An unexpected exception
-    still ends the ordinary way, with its traceback."""
+    small objects one by one is slow. An unexpected exception still ends the ordinary way, with its
+    traceback."""
     try:
-        app()
-        code = 0
+        code = app(standalone_mode=False)
     except SystemExit as done:
         code = done.code
+    except Exception as err:
+        if not (hasattr(err, "show") and hasattr(err, "exit_code")):  # not one of click's usage errors
+            raise
+        code = _usage_error(err)
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
+    if not isinstance(code, int):
+        code = 0
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code or 0)
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

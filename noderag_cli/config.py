@@ -22,6 +22,8 @@ class ChunkConfig(_Section):
     overlap_tokens: int = Field(0, ge=0)
     extensions: list[str] = [".txt", ".md"]
     max_file_bytes: int = Field(20_000_000, ge=1, description="larger files are skipped with a warning")
+    follow_symlinks: bool = Field(False, description="read files whose symlinks lead out of the input folder "
+                                  "(otherwise skipped with a warning)")
 
 
 class GraphConfig(_Section):

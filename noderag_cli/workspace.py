@@ -592,17 +592,19 @@ class Workspace:
     def exists(self) -> bool:
         return self.manifest_path.is_file()
 
-    def indexing_now(self) -> bool:
-        """Whether an `index` run holds the lock at this moment (asked without writing anything)."""
+    def indexing_pid(self) -> int | None:
+        """The pid of the `index` run holding the lock at this moment (0 when it wrote none yet), or
+        None when no run holds it; asked without writing anything."""
         try:
             fd = os.open(self.lock_path, os.O_RDONLY)
         except OSError:
-            return False
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False
+            return None
         except OSError:
-            return True
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(holder) if holder.isdigit() else 0
         finally:
             os.close(fd)
 
@@ -799,9 +801,10 @@ class Workspace:
         if not self.exists():
             raise NoBuildError(f"{self.root} is not a noderag workspace; run `noderag index {self.root} --input FOLDER` "
                                "to build one")
-        if self.indexing_now():
-            raise NoBuildError(f"workspace {self.root} is being indexed for the first time; it can be queried "
-                               "as soon as that run finishes")
+        pid = self.indexing_pid()
+        if pid is not None:
+            raise NoBuildError(f"workspace {self.root} is being indexed for the first time"
+                               + (f" (pid {pid})" if pid else "") + "; it can be queried as soon as that run finishes")
         raise NoBuildError(f"indexing of {self.root} did not finish; run `noderag index {self.root} --input "
                            f"{self._input() or 'FOLDER'}` to complete it")
 

@@ -210,9 +210,9 @@ def test_missing_question_file_and_malformed_lines(workspace, tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"question": "Who founded Vessmouth?"}\nnot json\n{"nope": 1}\n')
     run = noderag("query", str(workspace), "--questions", str(mixed), "--context-only")
-    assert run.returncode == 0
-    assert len(run.stdout.splitlines()) == 1
-    assert ":2:" in run.stderr and ":3:" in run.stderr
+    assert run.returncode == 1
+    assert [json.loads(line).get("error") is None for line in run.stdout.splitlines()] == [True, False, False]
+    assert "line 2:" in run.stderr and "line 3:" in run.stderr
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", 'not json\n{"question": "  "}\n'])
@@ -221,7 +221,7 @@ def test_a_question_file_without_a_usable_question_is_refused(workspace, tmp_pat
     path.write_text(content)
     run = noderag("query", str(workspace), "--questions", str(path))
     assert run.returncode == 2 and "no usable question" in run.stderr and "Traceback" not in run.stderr
-    assert run.stdout == ""
+    assert json.loads(run.stdout)["exit_code"] == 2  # --questions output is JSON lines, errors included
 
 
 def test_a_search_only_config_keeps_the_workspace_embedding(tmp_path):

@@ -19,6 +19,7 @@ the dataset's workspace and returns the rows; `to_markdown(rows)` renders them.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -307,6 +308,9 @@ def table_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+PNG_SKIPPED = "ablation.png not written: matplotlib is not installed (pip install 'noderag-cli[eval]' adds it)"
+
+
 def write_outputs(result: AblationResult, out_dir: Path, title: str | None = None) -> dict[str, Path]:
     from ..workspace import atomic_write_bytes
     from .plots import plot_ablation
@@ -314,13 +318,16 @@ def write_outputs(result: AblationResult, out_dir: Path, title: str | None = Non
     out_dir = check_output_dir(out_dir)
     paths = {"csv": out_dir / "ablation.csv", "json": out_dir / "ablation.json", "png": out_dir / "ablation.png"}
     try:
+        if not result.rows:
+            paths.pop("png")
+        elif importlib.util.find_spec("matplotlib") is None:
+            paths.pop("png")
+            result.notes.append(PNG_SKIPPED)
         atomic_write_bytes(paths["csv"], table_csv(result.rows).encode())
         result.files = {k: str(v) for k, v in paths.items()}
         atomic_write_bytes(paths["json"], json.dumps(result.as_dict(), indent=2).encode())
-        if result.rows:
+        if "png" in paths:
             plot_ablation(result.rows, paths["png"], title or _title(result))
-        else:
-            paths.pop("png")
     except OSError as err:
         raise AblationInputError(f"cannot write the results to {out_dir}: {err.strerror or err}") from None
     return paths

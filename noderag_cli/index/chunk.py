@@ -114,20 +114,31 @@ def check_input_folder(folder: Path) -> None:
 
 
 def scan(folder: Path, extensions: list[str], max_bytes: int,
-         progress: Callable[[int], None] | None = None) -> list[ScannedFile]:
+         progress: Callable[[int], None] | None = None, follow_symlinks: bool = False) -> list[ScannedFile]:
     """Every matching file under folder, recursively, in path order; `progress(n)` every
     `SCAN_PROGRESS` files read.
 
-    Hidden files and folders (".name") are left out. Directory symlinks are followed, each
-    real folder once, so a symlink loop is walked only once. What cannot be read (a file or
-    a sub-folder: permissions, broken or looping symlinks, binary or non-UTF-8 content, a
-    name that is not UTF-8) comes back with a `reason` and no text, to be skipped and counted.
+    Hidden files and folders (".name") are left out. Symlinks are followed, each real folder
+    once, so a symlink loop is walked only once; a link whose target lies outside the folder
+    (a link to /etc, to a home directory) is skipped with a reason naming its target unless
+    `follow_symlinks`, so that indexing a folder never reads what its owner did not put in it.
+    What cannot be read (a file or a sub-folder: permissions, broken or looping symlinks, binary
+    or non-UTF-8 content, a name that is not UTF-8) comes back with a `reason` and no text, to
+    be skipped and counted.
     """
     folder = Path(folder)
     check_input_folder(folder)
     suffixes = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions}
     seen_dirs: set[str] = set()
     found: list[ScannedFile] = []
+    base = os.path.realpath(folder)
+
+    def outside(real: str) -> bool:
+        return not follow_symlinks and real != base and not real.startswith(base + os.sep)
+
+    def leads_out(relative: str, absolute: str, real: str) -> ScannedFile:
+        return ScannedFile(relative, absolute, None, "", 0,
+                           f"symlink leads out of the input folder (to {real}); --follow-symlinks reads it")
 
     def unreadable_folder(err: OSError) -> None:
         where = Path(err.filename) if err.filename else folder
@@ -137,12 +148,14 @@ def scan(folder: Path, extensions: list[str], max_bytes: int,
     # plain strings, not Path objects: building two Paths per file was half of a scan's time
     for root, dirs, files in os.walk(folder, followlinks=True, onerror=unreadable_folder):
         real = os.path.realpath(root)
-        if real in seen_dirs:
+        inside = Path(root).relative_to(folder).as_posix()
+        if real in seen_dirs or outside(real):
+            if real not in seen_dirs:
+                found.append(leads_out(inside + "/", root, real))
             dirs[:] = []
             continue
         seen_dirs.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        inside = Path(root).relative_to(folder).as_posix()
         prefix = "" if inside == "." else inside + "/"
         for name in sorted(files):
             if os.path.splitext(name)[1].lower() not in suffixes or name.startswith("."):
@@ -154,6 +167,9 @@ def scan(folder: Path, extensions: list[str], max_bytes: int,
             except UnicodeEncodeError:
                 shown = relative.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 found.append(ScannedFile(shown, absolute, None, "", 0, "file name is not valid UTF-8"))
+                continue
+            if os.path.islink(absolute) and outside(target := os.path.realpath(absolute)):
+                found.append(leads_out(relative, absolute, target))
                 continue
             text, data, reason = _read_text(absolute, max_bytes)
             digest = hashlib.blake2b(data, digest_size=16).hexdigest()

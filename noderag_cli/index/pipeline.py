@@ -431,7 +431,8 @@ def run_pipeline(
     started = time.perf_counter()
     check_embedding_model(ws, embedder)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
-    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes, reporter.advance)
+    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes, reporter.advance,
+                       config.chunk.follow_symlinks)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     readable = [f for f in files if not f.reason]
     if not readable:

@@ -118,6 +118,7 @@ class Retrieval:
     query_entities: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     answer: str | None = None
+    smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
 
     @property
     def context_tokens(self) -> int:
@@ -440,6 +441,7 @@ class Retriever:
         else:
             kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
         result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
+        result.smallest_match_tokens = int(self.tokens[rows].min()) if len(rows) else 0
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result

@@ -1,0 +1,114 @@
+"""`noderag export`: the current build's graph as GraphML (networkx, Gephi, yEd) or as the two CSV
+files of Neo4j's bulk import (`neo4j-admin database import full --nodes nodes.csv --relationships
+edges.csv --multiline-fields=true`).
+
+Both carry every node (id, type, name, text, its documents' paths, community, tokens) and every
+edge (kind, weight, and whether the pair is also a similarity edge). Edges are undirected in the
+graph; Neo4j stores them from `source` to `target` (the smaller id first). XML 1.0 cannot hold most
+control characters, so in GraphML they become U+FFFD; the CSV files keep the text as it is.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+import pyarrow as pa
+
+from .workspace import Generation, atomic_write_with
+
+FORMATS = ("graphml", "csv")
+
+TYPE_LABELS = {"T": "Text", "S": "SemanticUnit", "N": "Entity", "R": "Relationship", "A": "Attribute",
+               "H": "HighLevelElement", "O": "HighLevelOverview"}
+"""The node types by the paper's names: the CSV's `:LABEL` (GraphML keeps the letter in `type`)."""
+
+NODE_KEYS = (("type", "string"), ("label", "string"), ("name", "string"), ("text", "string"),
+             ("documents", "string"), ("community", "int"), ("tokens", "int"))
+EDGE_KEYS = (("kind", "string"), ("weight", "double"), ("similarity", "boolean"))
+DOCUMENT_SEPARATOR = ";"  # a node's document paths in one GraphML string; Neo4j's array delimiter
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _nodes(generation: Generation) -> tuple[pa.Table, list[str]]:
+    """The node table, and each row's document paths joined by DOCUMENT_SEPARATOR."""
+    nodes = generation.table("nodes", ["id", "type", "name", "text", "doc_ids", "community", "tokens"])
+    documents = generation.table("documents", ["doc_id", "path"])
+    path_of = dict(zip(documents["doc_id"].to_pylist(), documents["path"].to_pylist(), strict=True))
+    paths = [DOCUMENT_SEPARATOR.join(path_of.get(d, d) for d in ids) for ids in nodes["doc_ids"].to_pylist()]
+    return nodes, paths
+
+
+def _rows(table: pa.Table, columns: tuple[str, ...]):
+    return zip(*(table[c].to_pylist() for c in columns), strict=True)
+
+
+def _xml(text: str) -> str:
+    return escape(_NOT_XML.sub("\ufffd", text))
+
+
+def write_graphml(generation: Generation, path: Path) -> dict[str, int]:
+    nodes, paths = _nodes(generation)
+    edges = generation.table("edges")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            out.write('<?xml version="1.0" encoding="UTF-8"?>\n'
+                      '<graphml xmlns="http://graphml.graphdrawing.org/xmlns" '
+                      'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+                      'xsi:schemaLocation="http://graphml.graphdrawing.org/xmlns '
+                      'http://graphml.graphdrawing.org/xmlns/1.0/graphml.xsd">\n')
+            for domain, keys in (("node", NODE_KEYS), ("edge", EDGE_KEYS)):
+                for name, kind in keys:
+                    out.write(f'  <key id="{name}" for="{domain}" attr.name="{name}" attr.type="{kind}"/>\n')
+            out.write('  <graph id="noderag" edgedefault="undirected">\n')
+            columns = ("id", "type", "name", "text", "community", "tokens")
+            for (node_id, node_type, name, text, community, tokens), documents in zip(_rows(nodes, columns), paths,
+                                                                                      strict=True):
+                out.write(f"    <node id={quoteattr(node_id)}>"
+                          f'<data key="type">{node_type}</data>'
+                          f'<data key="label">{TYPE_LABELS.get(node_type, node_type)}</data>'
+                          f'<data key="name">{_xml(name)}</data>'
+                          f'<data key="text">{_xml(text)}</data>'
+                          f'<data key="documents">{_xml(documents)}</data>'
+                          f'<data key="community">{community}</data>'
+                          f'<data key="tokens">{tokens}</data></node>\n')
+            for source, target, kind, weight, similarity in _rows(edges, ("source", "target", "kind", "weight", "hnsw")):
+                out.write(f"    <edge source={quoteattr(source)} target={quoteattr(target)}>"
+                          f'<data key="kind">{kind}</data><data key="weight">{weight!r}</data>'
+                          f'<data key="similarity">{"true" if similarity else "false"}</data></edge>\n')
+            out.write("  </graph>\n</graphml>\n")
+
+    atomic_write_with(path, write)
+    return {"nodes": nodes.num_rows, "edges": edges.num_rows}
+
+
+def write_csv(generation: Generation, folder: Path) -> dict[str, int]:
+    """`nodes.csv` and `edges.csv` in FOLDER, headers in Neo4j's bulk-import format."""
+    nodes, paths = _nodes(generation)
+    edges = generation.table("edges")
+
+    def write_nodes(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow(["id:ID", ":LABEL", "type", "name", "text", "documents:string[]", "community:int",
+                             "tokens:int"])
+            columns = ("id", "type", "name", "text", "community", "tokens")
+            for (node_id, node_type, name, text, community, tokens), documents in zip(_rows(nodes, columns), paths,
+                                                                                      strict=True):
+                writer.writerow([node_id, TYPE_LABELS.get(node_type, node_type), node_type, name, text, documents,
+                                 community, tokens])
+
+    def write_edges(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow([":START_ID", ":END_ID", ":TYPE", "weight:float", "similarity:boolean"])
+            for source, target, kind, weight, similarity in _rows(edges, ("source", "target", "kind", "weight", "hnsw")):
+                writer.writerow([source, target, kind, repr(weight), "true" if similarity else "false"])
+
+    atomic_write_with(folder / "nodes.csv", write_nodes)
+    atomic_write_with(folder / "edges.csv", write_edges)
+    return {"nodes": nodes.num_rows, "edges": edges.num_rows}
