@@ -47,6 +47,7 @@ from .workspace import (
     NoBuildError,
     Workspace,
     WorkspaceError,
+    atomic_write_bytes,
     cache_damage,
     repair_hint,
     salvage_cache,
@@ -410,6 +411,27 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     return result
 
 
+def init(workspace: str | Path, llm: str | None = None, force: bool = False) -> Path:
+    """Write WORKSPACE/config.yaml with every setting, its meaning and its default (with an LLM
+    preset's settings when `llm` names one); the next `noderag index WORKSPACE` uses it. An
+    existing config is replaced only with `force` (an indexed workspace then re-runs what the
+    changed settings touch)."""
+    from .config import Config, config_to_yaml, preset
+
+    config, header = preset(llm) if llm else (Config(), "")
+    ws = Workspace(Path(workspace))
+    ws.check_usable()
+    if ws.config_path.exists() and not force:
+        raise InputError(f"{ws.config_path} exists; edit it, or `noderag init {ws.root} --force` to write a new one")
+    try:
+        ws.root.mkdir(parents=True, exist_ok=True)
+        text = (header + "\n" if header else "") + config_to_yaml(config, commented=True)
+        atomic_write_bytes(ws.config_path, text.encode())
+    except OSError as err:
+        raise WorkspaceError(f"cannot write {ws.config_path}: {err.strerror or err}") from err
+    return ws.config_path
+
+
 def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> dict:
     """Write the current build's graph as GraphML (a file) or Neo4j bulk-import CSV (a folder with
     nodes.csv and edges.csv), by default `<workspace name>.graphml` or `<workspace name>-csv/` in
@@ -435,5 +457,5 @@ def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> di
     return {"format": fmt, "generation": generation.name, "files": files, **counts}
 
 
-__all__ = ["index", "query", "open_workspace", "stats", "plan", "export", "read_questions", "workspace_config", "make_engine",
+__all__ = ["index", "query", "open_workspace", "stats", "plan", "init", "export", "read_questions", "workspace_config", "make_engine",
            "Session", "Workspace", "WorkspaceError", "IndexResult", "QuestionFileError"]

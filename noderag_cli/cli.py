@@ -479,6 +479,23 @@ def stats(
 
 
 @app.command(cls=Command)
+def init(
+    workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", metavar="WORKSPACE",
+                                              show_default=False)],
+    llm: Annotated[str | None, typer.Option(
+        "--llm", metavar="openai|ollama|openai-compatible", show_default=False,
+        help="start from that LLM preset (litellm engine, model, server, limits) [default: offline]")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace the workspace's config.yaml")] = False,
+) -> None:
+    """Write WORKSPACE/config.yaml with every setting, what it means and its default; edit it, then
+    `noderag index WORKSPACE --input FOLDER` uses it."""
+    from . import api
+
+    path = _run(lambda: api.init(workspace, llm, force))
+    out.print(f"wrote {path}; edit it, then `noderag index {workspace} --input FOLDER`")
+
+
+@app.command(cls=Command)
 def export(
     workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="graphml|csv",

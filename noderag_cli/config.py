@@ -166,8 +166,54 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Conf
         raise ConfigError(f"invalid config at {where}: {first['msg']}") from err
 
 
-def config_to_yaml(config: Config, build: bool = False) -> str:
+def config_to_yaml(config: Config, build: bool = False, commented: bool = False) -> str:
     """The effective config as written into a workspace. Holds env var names, never their values.
     `build`: as a build carries it, without where its work ran (`executor`), which changes nothing
-    in it."""
-    return yaml.safe_dump(config.model_dump(mode="json", exclude={"executor"} if build else None), sort_keys=False)
+    in it. `commented`: every setting on its own line with what it means and, where the value is
+    not the default, the default (for people who edit it; `noderag init` and the workspace's copy)."""
+    data = config.model_dump(mode="json", exclude={"executor"} if build else None)
+    if not commented:
+        return yaml.safe_dump(data, sort_keys=False)
+    defaults = Config().model_dump(mode="json")
+    lines = [f"# noderag settings: every one with its default unless noted; {CONFIG_HELP}"]
+    for section, values in data.items():
+        model = type(getattr(config, section))
+        doc = model.__dict__.get("__doc__")
+        lines.append("")
+        if doc:
+            lines.extend(f"# {line.strip()}" for line in doc.strip().splitlines())
+        lines.append(f"{section}:")
+        for key, value in values.items():
+            notes = [model.model_fields[key].description or ""]
+            if value != defaults[section][key]:
+                notes.append(f"default: {_flow(defaults[section][key])}")
+            note = "; ".join(n for n in notes if n)
+            lines.append(f"  {key}: {_flow(value)}" + (f"  # {note}" if note else ""))
+    return "\n".join(lines) + "\n"
+
+
+CONFIG_HELP = "`noderag index WS` reads this file from the workspace (or --config FILE)."
+
+
+def _flow(value) -> str:
+    """A value as YAML on one line (`[.txt, .md]`, `null`, quoted where a plain scalar would not read back)."""
+    return yaml.safe_dump([value], default_flow_style=True, width=1 << 30).strip()[1:-1]
+
+
+PRESETS = ("openai", "ollama", "openai-compatible")
+"""`noderag init --llm NAME`: the settings of presets/NAME.yaml (also in the repository's configs/)."""
+
+
+def preset(name: str) -> tuple[Config, str]:
+    """A preset's config and the comment block at its top (how to start the server, the key...)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown --llm preset '{name}'; valid: {', '.join(PRESETS)}")
+    path = Path(__file__).parent / "presets" / f"{name}.yaml"
+    text = path.read_text(encoding="utf-8")
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if "--config configs/" not in line:  # how to use the preset file itself: not what init wrote
+            header.append(line.replace(" Only what differs from the defaults is set.", ""))
+    return load_config(path), "\n".join(header)

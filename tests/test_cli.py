@@ -245,3 +245,31 @@ def test_export_csv_has_neo4j_headers_and_every_row(built, tmp_path):
     bad = noderag("export", built, "--format", "xml")
     assert_one_line_error(bad, "unknown export format 'xml'")
     assert bad.returncode == 2
+
+
+def test_init_writes_every_setting_and_the_next_index_uses_it(tmp_path):
+    from noderag_cli.config import Config, load_config, preset
+
+    workspace = tmp_path / "ws"
+    run = noderag("init", workspace)
+    assert run.returncode == 0, run.stderr
+    text = (workspace / "config.yaml").read_text()
+    assert load_config(workspace / "config.yaml") == Config()
+    for section, values in Config().model_dump().items():
+        for key in values:
+            assert re.search(rf"^  {key}: ", text, re.MULTILINE), f"{section}.{key} missing"
+    assert "# token bound of a text chunk" in text
+    assert_one_line_error(noderag("init", workspace), "exists", "--force")
+    (workspace / "config.yaml").write_text(text.replace("  chunk_tokens: 1024", "  chunk_tokens: 64"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Skarra is an island village in the outer Grey Sound. " * 30)
+    index(workspace, docs)
+    assert load_config(build_file(workspace, "config.yaml")).chunk.chunk_tokens == 64
+    assert len(pq.read_table(build_file(workspace, "nodes.parquet"), filters=[("type", "=", "T")])) > 1
+    assert "# token bound of a text chunk" in (workspace / "config.yaml").read_text()  # still commented
+
+    llm = tmp_path / "llm"
+    assert noderag("init", llm, "--llm", "ollama").returncode == 0
+    assert load_config(llm / "config.yaml") == preset("ollama")[0]
+    assert_one_line_error(noderag("init", tmp_path / "other", "--llm", "bogus"), "unknown --llm preset 'bogus'")

@@ -458,7 +458,7 @@ def run_pipeline(
     manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest["input"] = str(Path(input_folder).resolve())
     ws.write_manifest(manifest)
-    atomic_write_bytes(ws.config_path, config_to_yaml(config).encode())
+    atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
 
     digests: dict[str, str] = {}
     _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
