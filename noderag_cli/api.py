@@ -432,6 +432,14 @@ def init(workspace: str | Path, llm: str | None = None, force: bool = False) -> 
     return ws.config_path
 
 
+def gc(workspace: str | Path, dry_run: bool = False) -> dict:
+    """Remove (or with `dry_run` list) what no current table or build refers to: old builds no
+    reader holds, leftover temporary and stage files, cache entries no stage needs (collect.py)."""
+    from .collect import collect
+
+    return collect(Path(workspace), dry_run)
+
+
 def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> dict:
     """Write the current build's graph as GraphML (a file) or Neo4j bulk-import CSV (a folder with
     nodes.csv and edges.csv), by default `<workspace name>.graphml` or `<workspace name>-csv/` in
@@ -457,5 +465,5 @@ def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> di
     return {"format": fmt, "generation": generation.name, "files": files, **counts}
 
 
-__all__ = ["index", "query", "open_workspace", "stats", "plan", "init", "export", "read_questions", "workspace_config", "make_engine",
+__all__ = ["index", "query", "open_workspace", "stats", "plan", "init", "gc", "export", "read_questions", "workspace_config", "make_engine",
            "Session", "Workspace", "WorkspaceError", "IndexResult", "QuestionFileError"]

@@ -496,6 +496,32 @@ def init(
 
 
 @app.command(cls=Command)
+def gc(
+    workspace: Annotated[Path, typer.Argument(help="a workspace folder", metavar="WORKSPACE", show_default=False)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be removed, remove nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Remove what no current table or build of WORKSPACE refers to: old builds no query holds,
+    leftover files, cache entries no stage needs (deleted documents' text among them). Safe while
+    queries run; the next `index` re-pays nothing."""
+    from . import api
+
+    _json_mode(as_json)
+    report = _run(lambda: api.gc(workspace, dry_run))
+    if as_json:
+        _print_json(report)
+        return
+    verb = "would free" if dry_run else "freed"
+    cache = report["cache"]
+    out.print(f"{verb} {report['bytes_freed']:,} bytes: {len(report['generations'])} old build(s), "
+              f"{len(report['files'])} leftover file(s), {cache['removed']:,} of {cache['entries']:,} cache entries")
+    if report["held_generations"]:
+        out.print(f"kept {', '.join(report['held_generations'])}: a query still reads it; run gc again later")
+    if cache["skipped"]:
+        _warn(f"cache not collected: {cache['skipped']}")
+
+
+@app.command(cls=Command)
 def export(
     workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="graphml|csv",
@@ -646,7 +672,7 @@ def main() -> None:  # pragma: no cover
     small objects one by one is slow. An unexpected exception still ends the ordinary way, with its
     traceback."""
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="noderag")
     except SystemExit as done:
         code = done.code
     except Exception as err:

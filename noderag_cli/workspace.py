@@ -55,6 +55,9 @@ import pyarrow.parquet as pq
 FORMAT_VERSION = 1
 GENERATION_FORMAT = 1
 CACHE_FILE = "cache.sqlite"
+CACHE_KEYS = "cache_keys.parquet"  # beside each stage's outputs: the cache entries its last run needed
+CACHE_TABLE = "CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))"
+EVALUATION_NAMESPACES = ("ablate",)  # cache entries of `noderag ablate`, not of a build: `gc` keeps them
 COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
 CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"
@@ -192,13 +195,14 @@ class Cache:
         self.path = path
         self.read_only = read_only
         self._lock = threading.Lock()
+        self._touched: dict[str, set[str]] | None = None  # keys asked for or written while recording
         if read_only:
             self._db = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False, isolation_level=None)
             return
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))")
+        self._db.execute(CACHE_TABLE)
 
     @staticmethod
     def _packed(value: bytes) -> bytes:
@@ -212,8 +216,27 @@ class Cache:
     def _unpacked(value: bytes) -> bytes:
         return zlib.decompress(value[len(COMPRESSED):]) if value.startswith(COMPRESSED) else value
 
+    def start_recording(self) -> None:
+        """From now on remember every key asked for or written (`touch` adds more), until
+        `stop_recording`: what one stage run needs from the cache, which `noderag gc` keeps."""
+        self._touched = {}
+
+    def stop_recording(self) -> dict[str, set[str]]:
+        touched, self._touched = self._touched or {}, None
+        return touched
+
+    @property
+    def recording(self) -> bool:
+        return self._touched is not None
+
+    def touch(self, ns: str, keys: Iterable[str]) -> None:
+        """Count keys as needed without reading them (values a run holds in memory already)."""
+        if self._touched is not None:
+            self._touched.setdefault(ns, set()).update(keys)
+
     def get_many(self, ns: str, keys: Iterable[str]) -> dict[str, bytes]:
         keys = list(dict.fromkeys(keys))
+        self.touch(ns, keys)
         found: dict[str, bytes] = {}
         with self._lock:
             for start in range(0, len(keys), 900):
@@ -233,6 +256,7 @@ class Cache:
 
     def put_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
         rows = [(ns, key, self._packed(value)) for key, value in items]
+        self.touch(ns, (key for _, key, _ in rows))
         if not rows or self.read_only:
             return
         with self._lock:

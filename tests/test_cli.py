@@ -273,3 +273,59 @@ def test_init_writes_every_setting_and_the_next_index_uses_it(tmp_path):
     assert noderag("init", llm, "--llm", "ollama").returncode == 0
     assert load_config(llm / "config.yaml") == preset("ollama")[0]
     assert_one_line_error(noderag("init", tmp_path / "other", "--llm", "bogus"), "unknown --llm preset 'bogus'")
+
+
+def cache_values(workspace: Path) -> list[bytes]:
+    import sqlite3
+    import zlib
+
+    from noderag_cli.workspace import COMPRESSED
+
+    with sqlite3.connect(workspace / "cache.sqlite") as db:
+        values = [row[0] for row in db.execute("SELECT value FROM kv")]
+    return [zlib.decompress(v[len(COMPRESSED):]) if v.startswith(COMPRESSED) else v for v in values]
+
+
+def test_gc_removes_a_deleted_documents_entries_and_the_next_index_repays_nothing(tmp_path):
+    import shutil
+
+    docs = tmp_path / "docs"
+    shutil.copytree(SAMPLE_CORPUS, docs)
+    workspace = tmp_path / "ws"
+    index(workspace, docs)
+    (docs / "history" / "penrake_brothers.md").unlink()
+    index(workspace, docs)
+    assert any(b"Harlow Ferry" in v for v in cache_values(workspace))  # the deleted document's text is cached
+    (workspace / "stages" / ".chunk.documents.parquet.123.tmp").write_bytes(b"left by a killed run")
+    (workspace / "stages" / "hnsw.index.bin").write_bytes(b"a file of an older version")
+
+    dry = noderag("gc", workspace, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.json()["cache"]["removed"] > 0 and len(dry.json()["files"]) == 2
+    assert any(b"Harlow Ferry" in v for v in cache_values(workspace))  # a dry run removes nothing
+
+    run = noderag("gc", workspace, "--json")
+    assert run.returncode == 0, run.stderr
+    report = run.json()
+    assert report["cache"]["removed"] == dry.json()["cache"]["removed"] and report["cache"]["skipped"] is None
+    assert sorted(report["files"]) == ["stages/.chunk.documents.parquet.123.tmp", "stages/hnsw.index.bin"]
+    assert not any(b"Harlow Ferry" in v for v in cache_values(workspace))
+    kept = len(cache_values(workspace))
+
+    with api.open_workspace(workspace) as session:  # a query holds the build while the next gc runs
+        shutil.rmtree(workspace / "stages")  # every stage runs again, from the cache
+        rebuilt = index(workspace, docs).json()
+        assert all(not info["skipped"] for info in rebuilt["stages"].values())
+        assert noderag("gc", workspace, "--json").json()["held_generations"]  # the query's build stays
+        assert session.retrieve("Who founded the Sound Maritime Society?").nodes
+    assert len(cache_values(workspace)) == kept  # nothing was computed again: no new entry
+    fresh = tmp_path / "fresh"
+    index(fresh, docs)
+    assert_same_tables_of(workspace, fresh)
+    assert noderag("gc", workspace, "--json").json()["generations"]  # released: now removed
+
+
+def assert_same_tables_of(a: Path, b: Path) -> None:
+    from conftest import assert_same_tables
+
+    assert_same_tables(a, b)

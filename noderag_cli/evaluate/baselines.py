@@ -30,7 +30,7 @@ from ..embeddings import Embedder
 from ..nlp import terms
 from ..search import context
 from ..search.retriever import Retrieval, Retriever
-from ..workspace import Cache, json_digest
+from ..workspace import EVALUATION_NAMESPACES, Cache, json_digest
 
 NAIVE_CANDIDATES = 100
 Strategy = Callable[[str, int], Retrieval]
@@ -464,7 +464,7 @@ def llm_text(engine, prompt: str, cache: Cache | None = None, max_tokens: int = 
     key = json_digest({"model": config.model, "prompt": prompt, "temperature": config.temperature,
                        "max_tokens": max_tokens})
     if cache is not None:
-        hit = cache.get("ablate", key)
+        hit = cache.get(EVALUATION_NAMESPACES[0], key)
         if hit is not None:
             return hit.decode("utf-8")
     from ..engines.base import EngineError
@@ -482,7 +482,7 @@ def llm_text(engine, prompt: str, cache: Cache | None = None, max_tokens: int = 
         raise EngineError(f"LLM call for the ablation failed: {first}") from None
     text = (response.choices[0].message.content or "").strip()
     if cache is not None and text:
-        cache.put("ablate", key, text.encode("utf-8"))
+        cache.put(EVALUATION_NAMESPACES[0], key, text.encode("utf-8"))
     return text
 
 

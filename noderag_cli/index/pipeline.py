@@ -46,6 +46,7 @@ from ..executor import Executor
 from ..graph import NODE_TYPES, edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import (
+    CACHE_KEYS,
     Workspace,
     WorkspaceError,
     atomic_write_bytes,
@@ -499,8 +500,10 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         vectors_before = embedder.computed
         _reset_peak_memory()
         t0 = time.perf_counter()
+        ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
                                   executor))
+        _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
@@ -534,6 +537,13 @@ def _peak_memory_mb() -> int | None:
     except OSError:
         pass
     return None
+
+
+def _write_cache_keys(ws: Workspace, stage: str, touched: dict[str, set[str]]) -> None:
+    """The cache entries a stage's run asked for or wrote, sorted: what `noderag gc` keeps for it."""
+    rows = sorted((ns, key) for ns, keys in touched.items() for key in keys)
+    table = pa.table({"ns": pa.array([r[0] for r in rows], pa.string()), "key": pa.array([r[1] for r in rows], pa.string())})
+    write_parquet(ws.stage_path(stage, CACHE_KEYS), table)
 
 
 def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:

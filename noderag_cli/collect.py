@@ -1,0 +1,151 @@
+"""`noderag gc`: remove what no current table or build refers to, so deleted documents' text does
+not stay on disk for good.
+
+Collected: builds that are no longer current and that no reader holds; temporary files a killed
+run left; stage files no stage declares (from older versions); and cache entries that the last run
+of every stage did not need. Each stage run records the cache keys it asked for or wrote
+(`stages/<stage>.cache_keys.parquet`), and the decompose stage's rows name every chunk's key, so
+the entries kept are exactly those a rerun of any stage would look up: an `index` after `gc`
+re-pays nothing. `noderag ablate`'s entries are kept. The cache is rewritten into a new file
+with only the entries kept, then renamed over the old one: a `query` that has the old file open
+keeps reading it. An `index` run cannot start meanwhile (gc holds the workspace lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .index.pipeline import STAGES
+from .workspace import (
+    CACHE_KEYS,
+    CACHE_TABLE,
+    EVALUATION_NAMESPACES,
+    GENERATIONS_DIR,
+    Workspace,
+    WorkspaceError,
+    cache_damage,
+)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _stray_files(ws: Workspace) -> list[Path]:
+    """Temporary files of interrupted writes, and stage files that no stage declares."""
+    declared = {f"{stage.name}.{name}" for stage in STAGES for name in (*stage.outputs, CACHE_KEYS)}
+    stray = [p for p in ws.stages_dir.iterdir() if p.is_file() and p.name not in declared] \
+        if ws.stages_dir.is_dir() else []
+    for folder in (ws.root, *(p for p in (ws.root / GENERATIONS_DIR).glob("*") if p.is_dir())):
+        stray += [p for p in folder.glob(".*.tmp") if p.is_file()]
+    return sorted(set(stray))
+
+
+def _live_keys(ws: Workspace, manifest: dict) -> tuple[list[tuple[str, str]] | None, str | None]:
+    """(ns, key) of every cache entry a stage needs, or (None, why that is not known)."""
+    live: set[tuple[str, str]] = set()
+    for stage in STAGES:
+        if manifest.get("stages", {}).get(stage.name, {}).get("state") != "done":
+            continue
+        path = ws.stage_path(stage.name, CACHE_KEYS)
+        if not path.is_file():
+            return None, (f"stage {stage.name} last ran before noderag recorded what it needs from the cache; "
+                          f"run `noderag index {ws.root} --input FOLDER` after a change, or remove the cache")
+        table = pq.read_table(path)
+        live.update(zip(table["ns"].to_pylist(), table["key"].to_pylist(), strict=True))
+    occurrences = ws.stage_path("decompose", "occurrences.parquet")
+    if occurrences.is_file():
+        names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
+        live.update(("decompose", name.split("\x1f", 1)[1]) for name in names)
+    return sorted(live), None
+
+
+def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> dict:
+    """Count, and unless dry_run remove, the cache entries not in `live` (outside the evaluation's)."""
+    path = ws.cache_path
+    before = _size(path) + _size(path.with_name(path.name + "-wal"))
+    kept_ns = ",".join("?" * len(EVALUATION_NAMESPACES))
+    wanted = f"(kv.ns IN ({kept_ns}) OR EXISTS (SELECT 1 FROM live WHERE live.ns = kv.ns AND live.key = kv.key))"
+    db = sqlite3.connect(path, isolation_level=None)
+    fresh = path.with_name(f".{path.name}.gc.tmp")
+    try:
+        db.execute("CREATE TEMP TABLE live (ns TEXT, key TEXT, PRIMARY KEY (ns, key)) WITHOUT ROWID")
+        db.executemany("INSERT INTO live VALUES (?, ?)", live)
+        total = db.execute("SELECT COUNT(*) FROM kv").fetchone()[0]
+        dead, dead_bytes = db.execute(f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM kv "
+                                      f"WHERE NOT {wanted}", EVALUATION_NAMESPACES).fetchone()
+        report = {"entries": total, "removed": dead, "bytes": dead_bytes}
+        if dry_run or not dead:
+            return report
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+        db.execute("ATTACH DATABASE ? AS fresh", [str(fresh)])
+        db.execute(CACHE_TABLE.replace("EXISTS kv", "EXISTS fresh.kv"))
+        db.execute("BEGIN")
+        db.execute(f"INSERT INTO fresh.kv SELECT * FROM kv WHERE {wanted} ORDER BY ns, key", EVALUATION_NAMESPACES)
+        db.execute("COMMIT")
+        db.execute("DETACH DATABASE fresh")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except BaseException:
+        db.close()
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+        raise
+    db.close()
+    with open(fresh, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(fresh, path)  # a reader that has the old file open keeps it until it closes it
+    for suffix in ("-wal", "-shm"):  # the old file's; no writer runs while gc holds the lock
+        with contextlib.suppress(FileNotFoundError):
+            path.with_name(path.name + suffix).unlink()
+    report["bytes"] = max(0, before - _size(path))
+    return report
+
+
+def collect(workspace: Path, dry_run: bool = False) -> dict:
+    """What `noderag gc` removes (with `dry_run`, would remove) and how many bytes that frees."""
+    ws = Workspace(Path(workspace))
+    if not ws.root.is_dir():
+        raise WorkspaceError(f"workspace not found: {ws.root}" if not ws.root.exists()
+                             else f"{ws.root} is a file, not a workspace folder")
+    if not ws.exists():
+        raise WorkspaceError(f"{ws.root} is not a noderag workspace (no manifest.json)")
+    with ws.lock():
+        manifest = ws.read_manifest()
+        current = ws.current_name()
+        folder = ws.root / GENERATIONS_DIR
+        old = [p for p in sorted(folder.iterdir()) if p.is_dir() and p.name != current] if folder.is_dir() else []
+        sizes = {p.name: _size(p) for p in old}
+        removed = list(sizes) if dry_run else ws.remove_unused_generations()
+        held = [name for name in sizes if name not in removed]
+        stray = _stray_files(ws)
+        stray_bytes = sum(_size(p) for p in stray)
+        if not dry_run:
+            for path in stray:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        cache: dict = {"entries": 0, "removed": 0, "bytes": 0, "skipped": None}
+        if ws.cache_path.is_file():
+            problem = cache_damage(ws.cache_path)
+            live, why = _live_keys(ws, manifest) if not problem else (None, None)
+            if problem:
+                cache["skipped"] = f"{ws.cache_path} is damaged ({problem}); `noderag index` salvages it first"
+            elif live is None:
+                cache["skipped"] = why
+            else:
+                try:
+                    cache |= _sweep_cache(ws, live, dry_run)
+                except (sqlite3.DatabaseError, pa.ArrowException) as err:
+                    cache["skipped"] = f"{ws.cache_path} could not be read ({err}); `noderag index` salvages it"
+        freed = sum(sizes[name] for name in removed) + stray_bytes + cache["bytes"]
+        return {"workspace": str(ws.root), "dry_run": dry_run, "generations": removed, "held_generations": held,
+                "files": [p.relative_to(ws.root).as_posix() for p in stray], "cache": cache, "bytes_freed": freed}
