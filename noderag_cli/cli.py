@@ -238,7 +238,7 @@ def _bars():
         yield progress
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="build or update WORKSPACE from a folder of documents")
 def index(
     workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False,
                                               metavar="WORKSPACE", show_default=False)],
@@ -346,7 +346,7 @@ def _answer_lines(session, questions: Path, items: list, answer: bool) -> int:
     return EXIT_FAILED_ITEMS if failed else 0
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="answer a question (or a JSONL file of them) from WORKSPACE")
 def query(
     workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
     question: Annotated[str | None, typer.Argument(help="the question (omit with --questions)", metavar="QUESTION",
@@ -426,7 +426,7 @@ def _stage_details(info: dict) -> str:
     return ", ".join(parts)
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="what WORKSPACE holds; never writes to it")
 def stats(
     workspace: Annotated[Path, typer.Argument(help="a workspace folder", metavar="WORKSPACE", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -478,7 +478,7 @@ def stats(
     out.print(files)
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="write WORKSPACE/config.yaml with every setting explained")
 def init(
     workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", metavar="WORKSPACE",
                                               show_default=False)],
@@ -495,7 +495,7 @@ def init(
     out.print(f"wrote {path}; edit it, then `noderag index {workspace} --input FOLDER`")
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="remove old builds and cache entries nothing refers to")
 def gc(
     workspace: Annotated[Path, typer.Argument(help="a workspace folder", metavar="WORKSPACE", show_default=False)],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be removed, remove nothing")] = False,
@@ -521,7 +521,7 @@ def gc(
         _warn(f"cache not collected: {cache['skipped']}")
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="write the graph as GraphML or Neo4j bulk-import CSV")
 def export(
     workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="graphml|csv",
@@ -582,7 +582,7 @@ class _AblateLines(LineReporter):
         self._line(f"note: {message}")
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="compare NodeRAG, its ablations and baselines at equal budgets")
 def ablate(
     workspace: Annotated[Path | None, typer.Argument(
         metavar="WORKSPACE", show_default=False,
@@ -598,9 +598,7 @@ def ablate(
                                               help="the dataset folder (corpus.json, questions.json)")] = None,
     variants: Annotated[str | None, typer.Option(
         "--variants", metavar="NAMES",
-        help="comma-separated strategies, default all: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, "
-             "graph-vector, no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, and the baselines naive, hyde, "
-             "lightrag-local, lightrag-global, lightrag-hybrid, graphrag-local, graphrag-global, hipporag")] = None,
+        help="comma-separated strategies (listed above), default all")] = None,
     budgets: Annotated[str, typer.Option("--budgets", metavar="TOKENS",
                                          help="comma-separated context token budgets")] = "1000,2000,4000",
     out_dir: Annotated[Path, typer.Option("--out", "-o", metavar="FOLDER",
@@ -613,7 +611,14 @@ def ablate(
     limit: Annotated[int | None, typer.Option("--limit", metavar="N", help="only the first N questions")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON instead of a table")] = False,
 ) -> None:
-    """Run NodeRAG, its ablations and the baselines on every question at every budget; write a table and a plot."""
+    """Run NodeRAG, its ablations and the baselines on every question at every budget; write a table and a plot.
+
+    \b
+    Strategies: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, graph-vector,
+      no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank
+    Baselines: naive, hyde, lightrag-local, lightrag-global, lightrag-hybrid,
+      graphrag-local, graphrag-global, hipporag
+    """
     from .evaluate import ablate as ablation
 
     _json_mode(as_json)
