@@ -273,6 +273,7 @@ def index(
                "edges": result.edge_count, "documents": result.documents,
                "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
                "failures": result.failures,
+               "rate_limited": {"waits": result.rate_limit_waits, "seconds": round(result.rate_limit_seconds, 1)},
                "stages": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                           for k, v in result.stages.items()}}
     if as_json:
@@ -291,8 +292,12 @@ def index(
         if result.skipped_files:
             out.print(f"{len(result.skipped_files)} file(s) skipped (see the warnings above, or `noderag stats "
                       f"{workspace} --documents`)")
+    if result.rate_limit_waits:
+        _warn(f"rate-limited by the server: waited {result.rate_limit_seconds:.0f} s over {result.rate_limit_waits} "
+              "wait(s); llm.requests_per_minute and llm.tokens_per_minute set below the server's limits avoid that")
     if result.failures:
-        _warn(f"{result.failures} item(s) failed; `noderag index` again retries only those")
+        _warn(f"{result.failures} item(s) failed: `noderag stats {workspace} --documents` says why; "
+              "`noderag index` again retries only those")
         raise typer.Exit(EXIT_FAILED_ITEMS)
 
 
@@ -416,6 +421,8 @@ def _stage_details(info: dict) -> str:
     failures = info.get("failures", llm.get("failures", 0))
     if failures:
         parts.append(f"{failures:,} failed")
+    if llm.get("ungrounded"):
+        parts.append(f"{llm['ungrounded']:,} ungrounded dropped")
     if llm.get("input_tokens") or llm.get("output_tokens"):
         parts.append(f"{llm.get('input_tokens', 0):,} in / {llm.get('output_tokens', 0):,} out tokens")
     if llm.get("calls"):

@@ -69,7 +69,11 @@ class LLMConfig(_Section):
     tokens_per_minute: int | None = Field(None, ge=1)
     timeout_seconds: float = Field(120.0, gt=0)
     retries: int = Field(5, ge=0)
+    rate_limit_wait_seconds: float = Field(
+        600.0, gt=0, description="an item gives up after waiting this long in total on the server's 429 replies")
     structured_output: bool = True
+    grounding: bool = Field(True, description="keep only the names, relationships, units and summaries a reply's "
+                            "input supports, and retry replies that echo the prompt's example (engines/grounding.py)")
 
 
 class SearchConfig(_Section):
@@ -134,7 +138,7 @@ class Config(_Section):
         if self.llm.engine == "offline":
             return {"engine": "offline"}
         return {"engine": "litellm", "model": self.llm.model, "temperature": self.llm.temperature,
-                "max_output_tokens": self.llm.max_output_tokens}
+                "max_output_tokens": self.llm.max_output_tokens, "grounding": self.llm.grounding}
 
 
 class ConfigError(ValueError):

@@ -152,7 +152,7 @@ class Embedder:
         are not looked up in the cache again."""
         self._memo.update(zip(texts, vectors, strict=True))
 
-    def _cache_key(self, text: str) -> str:
+    def cache_key(self, text: str) -> str:
         return hashlib.blake2b(f"{self.vector_id}\x1f{text}".encode(), digest_size=16).hexdigest()
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -165,7 +165,7 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self.cache is not None and self.cache.recording and self.config.backend != "wordllama":
-            self.cache.touch("embedding", map(self._cache_key, dict.fromkeys(texts)))  # memory's too: still needed
+            self.cache.touch("embedding", map(self.cache_key, dict.fromkeys(texts)))  # memory's too: still needed
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
         if missing and self.config.backend == "wordllama":
             batches = [(self.config, missing[i : i + EMBED_BATCH]) for i in range(0, len(missing), EMBED_BATCH)]
@@ -174,7 +174,7 @@ class Embedder:
                 self._memo.update(zip(part, vectors, strict=True))
             self.computed += len(missing)
         elif missing:
-            keys = [self._cache_key(t) for t in missing]
+            keys = [self.cache_key(t) for t in missing]
             found = self.cache.get_many("embedding", keys) if self.cache else {}
             fresh = []
             for text, key in zip(missing, keys, strict=True):

@@ -1,12 +1,15 @@
 """`index --dry-run` with an LLM engine: calls, tokens and cost before anything is spent.
 
 How the estimate is made (also stated in its output): the offline engine indexes the
-same folder into a throw-away workspace (seconds; no network, no key). Decomposition
-calls are the real chunks, with exactly the prompts the LLM engine would send; attribute
-and community calls are those the offline graph yields, with their real prompts, since
-an LLM-decomposed graph has a similar but not equal number of important entities and
-communities. Calls whose request is already in this workspace's cache are not counted.
-Output tokens are assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
+same folder into a throw-away workspace with the bundled embeddings (seconds; no network, no
+key, whatever the config's backends). Decomposition calls are the real chunks, with exactly
+the prompts the LLM engine would send; attribute and community calls are those the offline
+graph yields, with their real prompts, since an LLM-decomposed graph has a similar but not
+equal number of important entities and communities. With embeddings behind litellm, the texts
+the build would embed (its chunks and the offline graph's units, attributes and summaries) in
+batches of embedding.batch_size. Calls whose request is already in this workspace's cache are
+not counted. Output tokens are assumptions per task (OUTPUT_TOKENS), capped by
+llm.max_output_tokens.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .config import Config
+from .config import Config, EmbeddingConfig
 from .embeddings import Embedder
 from .engines.offline import OfflineEngine
 from .executor import Executor
+from .graph import EMBEDDED_TYPES
 from .index.pipeline import run_pipeline
+from .nlp import count_tokens
 from .workspace import Workspace
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples
@@ -52,15 +57,16 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
     from .engines import llm, prompts
 
     cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
-    embedder = Embedder(config.embedding, cache)
-    recorder = _RecordingEngine(embedder)
+    offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"}),
+                                        "embedding": EmbeddingConfig()})  # the bundled model: no network
+    recorder = _RecordingEngine(Embedder(offline.embedding))
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch:
-        offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"})})
         scratch_ws = Workspace(Path(scratch))
         scratch_ws.create()
         try:
-            run_pipeline(scratch_ws, Path(input_folder), offline, recorder, embedder, Executor(),
+            run_pipeline(scratch_ws, Path(input_folder), offline, recorder, recorder.embedder, Executor(),
                          stop_after="communities")
+            embedded = _embedded_texts(scratch_ws, recorder)
         finally:
             scratch_ws.close()
 
@@ -76,6 +82,22 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
         tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
     priced = llm.estimate_cost(config.llm.model, tasks)
+    if config.embedding.backend == "litellm":
+        embedder = Embedder(config.embedding, cache)
+        keys = [embedder.cache_key(text) for text in embedded]
+        cached = cache.get_many("embedding", keys) if cache is not None else {}
+        texts = [text for text, key in zip(embedded, keys, strict=True) if key not in cached]
+        tokens = int(sum(count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
+        batch = config.embedding.batch_size
+        cost = llm.price_of(config.embedding.model, tokens, 0)
+        priced["tasks"]["embedding"] = {"calls": -(-len(texts) // batch), "input_tokens": tokens, "output_tokens": 0,
+                                        "cost_usd": cost}
+        priced["total"]["calls"] += priced["tasks"]["embedding"]["calls"]
+        priced["total"]["input_tokens"] += tokens
+        if cost is None or priced["total"]["cost_usd"] is None:
+            priced["total"]["cost_usd"] = None
+        else:
+            priced["total"]["cost_usd"] += cost
 
     def money(value) -> str:
         return "unknown price" if value is None else f"${value:.4f}"
@@ -89,6 +111,20 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
                   "cost": money(priced["total"]["cost_usd"])},
         "note": priced.get("note", ""),
     }
+
+
+def _embedded_texts(scratch: Workspace, recorder: _RecordingEngine) -> list[str]:
+    """Each distinct text the build would embed: its chunks, and the offline graph's units,
+    attributes and high-level elements."""
+    import pyarrow.parquet as pq
+
+    texts = [chunk.text for chunk in recorder.seen["decompose"]]
+    for stage in ("decompose", "attributes", "communities"):
+        path = scratch.stage_path(stage, "nodes.parquet")
+        if path.is_file():
+            nodes = pq.read_table(path, columns=["type", "text"]).to_pylist()
+            texts += [n["text"] for n in nodes if n["type"] in EMBEDDED_TYPES]
+    return list(dict.fromkeys(texts))
 
 
 def _unique(items: list) -> list:

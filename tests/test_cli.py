@@ -329,3 +329,17 @@ def assert_same_tables_of(a: Path, b: Path) -> None:
     from conftest import assert_same_tables
 
     assert_same_tables(a, b)
+
+
+def test_a_dry_run_with_llm_and_embedding_backends_needs_no_network_and_no_key(tmp_path):
+    """configs/openai.yaml (chat and embeddings at OpenAI), no key, and every HTTP request sent to a
+    closed port: the estimate still comes, with an embedding row, and nothing is written."""
+    env = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "OPENAI_API_KEY": ""}
+    workspace = tmp_path / "ws"
+    run = noderag("index", workspace, "--input", SAMPLE_CORPUS, "--config", REPO / "configs" / "openai.yaml",
+                  "--dry-run", "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    llm = run.json()["llm"]
+    assert llm["tasks"]["decompose"]["calls"] > 0 and llm["tasks"]["embedding"]["calls"] >= 1
+    assert llm["tasks"]["embedding"]["input_tokens"] > 0
+    assert not workspace.exists()

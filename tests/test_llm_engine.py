@@ -363,6 +363,82 @@ def test_bad_json_gets_one_corrective_retry_then_failure_which_a_rerun_retries(s
 
 
 @pytestmark_llm
+def test_a_reply_echoing_the_prompts_example_is_retried_then_a_counted_failure(server, cache):
+    server.script(["echo", "echo"], marker="The Danube is")
+    server.script(["echo", "good"], marker="Eiffel")
+    server.script(["echo"], marker="Marie Curie was")  # it names Marie Curie, but not the example's sentence
+    engine = engine_for(server, cache)
+    curie, eiffel, danube = engine.decompose(CHUNKS)
+    assert isinstance(danube, Failure) and "from the instructions' example" in danube.reason
+    correction = requests_for(server, "The Danube is")[1].body["messages"][3]["content"]
+    assert "repeats" in correction and "Marie Curie" in correction
+    assert isinstance(eiffel, list) and not any("Curie" in " ".join(u.entities) for u in eiffel)
+    assert len(requests_for(server, "Eiffel")) == 2
+    assert isinstance(curie, list) and len(requests_for(server, "Marie Curie was")) == 2
+    assert all(u.text != "Marie Curie won the Nobel Prize in Physics in 1903." for u in curie)
+    assert engine.stats.task("decompose").failures == 1
+
+    server.script(["echo", "echo"], marker="Statements:")
+    elements = engine.community_elements([CommunityInput(0, ("The Danube flows through Vienna.",
+                                                             "Vienna lies on the Danube."))])
+    assert isinstance(elements[0], Failure)  # "keyword title" / "one to three sentences" never become nodes
+
+
+@pytestmark_llm
+def test_names_the_chunk_does_not_hold_are_dropped_and_counted(server, cache):
+    from fault_server import FOREIGN_ENTITY
+
+    server.default = "foreign"
+    engine = engine_for(server, cache)
+    results = engine.decompose(CHUNKS)
+    for units in results:
+        assert all(FOREIGN_ENTITY not in u.entities for u in units)
+        assert all(FOREIGN_ENTITY not in (r[0], r[2]) for u in units for r in u.relations)
+        assert units[0].entities  # what the chunk holds stays
+    assert engine.stats.task("decompose").ungrounded == 2 * len(CHUNKS)  # the name and its relationship
+    ungrounded = engine_for(server, cache, grounding=False)  # the rule can be turned off
+    assert any(FOREIGN_ENTITY in units[0].entities for units in ungrounded.decompose(CHUNKS))
+
+
+@pytestmark_llm
+def test_grounding_drops_nothing_from_well_formed_rich_replies(server, cache):
+    """The rule's cost on good extractions: every sentence of the sample corpus decomposed by the
+    fault server's rich replies (a unit per sentence, its capitalised words as entities)."""
+    from noderag_cli.index.chunk import document_chunks, scan
+
+    server.default = "rich"
+    files = [f for f in scan(ROOT / "sample_corpus", [".txt", ".md"], 10**7) if not f.reason]
+    chunks = [ChunkInput(cid, text, title) for title, pieces in document_chunks(files, 1024, 0)
+              for text, _, cid in pieces]
+    engine = engine_for(server, cache, concurrency=8)
+    results = engine.decompose(chunks)
+    entities = sum(len(u.entities) for units in results for u in units)
+    assert entities > 300 and engine.stats.task("decompose").failures == 0
+    assert engine.stats.task("decompose").ungrounded == 0
+
+
+@pytestmark_llm
+def test_a_reply_cut_off_at_the_output_limit_is_asked_again_with_room_then_names_the_setting(server, cache):
+    server.script(["cut_off", "good"], marker="Eiffel")
+    server.script(["cut_off", "cut_off"], marker="The Danube is")
+    engine = engine_for(server, cache)  # max_output_tokens 256
+    _, eiffel, danube = engine.decompose(CHUNKS)
+    assert isinstance(eiffel, list)
+    assert [r.body["max_tokens"] for r in requests_for(server, "Eiffel")] == [256, 512]
+    assert [r.body["max_tokens"] for r in requests_for(server, "The Danube is")] == [256, 512]
+    assert isinstance(danube, Failure)
+    assert "again at 512" in danube.reason and "llm.max_output_tokens to 1024" in danube.reason
+    assert "llm.context_window to at least" in danube.reason
+
+    server.script(["cut_off"], marker="Vienna")  # no room left in the window: the setting, at once
+    tight = engine_for(server, Cache(cache.path.with_name("tight.sqlite")), context_window=512,
+                       max_output_tokens=4096)
+    result = tight.decompose([ChunkInput("c4", "Vienna lies on the Danube.", "Vienna")])[0]
+    assert isinstance(result, Failure) and "the context window leaves" in result.reason
+    assert len(requests_for(server, "Vienna")) == 1
+
+
+@pytestmark_llm
 def test_loose_replies_are_accepted_without_a_correction(server, cache):
     server.script(["fenced"], marker="Marie Curie was")
     server.script(["python"], marker="Eiffel")

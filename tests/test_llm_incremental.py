@@ -92,3 +92,27 @@ def test_new_prompts_are_not_served_old_decompositions(monkeypatch):
         assert prompts.engine_name("openai/fault-model") != before
     finally:
         prompts.prompts_digest.cache_clear()
+
+
+def test_rate_limiting_is_shown_logged_bounded_and_summed_up(tmp_path):
+    """A server that answers every task call with 429: the progress says so while it waits, the
+    log records each wait, each item gives up after llm.rate_limit_wait_seconds, and the run's
+    summary says how long it waited."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", docs / "greyling_medal.md")
+    with FaultServer(default="429:1") as server:
+        config = tmp_path / "fault.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 0,
+                                                  "rate_limit_wait_seconds": 3}}))
+        run = index(tmp_path / "ws", docs, "--config", config, expect=None)
+    assert run.returncode in (1, 4), run.stderr
+    assert "rate-limited by the server, waiting 1 s; 1 wait(s) so far" in run.stderr
+    log = (tmp_path / "ws" / "noderag.log").read_text()
+    assert log.count("rate-limited by the server, waiting") >= 3
+    if run.returncode == 1:  # the items gave up after their waits, counted as failures
+        summary = run.json()
+        assert summary["rate_limited"]["waits"] >= 3 and summary["rate_limited"]["seconds"] >= 3
+        assert "rate-limited by the server: waited" in run.stderr
+        assert summary["failures"] >= 1

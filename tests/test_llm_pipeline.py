@@ -21,6 +21,8 @@ from conftest import build_file
 from llm_support.fault_server import _task_of
 from test_llm_engine import llama_server, proxy  # noqa: F401  (fixtures: the real server and its counting proxy)
 
+from noderag_cli.engines.grounding import folded, occurs
+
 pytestmark = pytest.mark.llm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,13 @@ def test_index_through_litellm_is_validated_accounted_and_cached(proxy, tmp_path
     nodes = pq.read_table(build_file(ws, "nodes.parquet")).to_pylist()
     assert {n["type"] for n in nodes} >= {"T"}
     assert all(n["text"].strip() for n in nodes)
+    # grounded: every entity is named in one of the chunks it came from (dunholt.txt names no Marie Curie)
+    chunks = {r["chunk_id"]: folded(f"{r['title']}\n{r['text']}")
+              for r in pq.read_table(ws / "stages" / "chunk.chunks.parquet").to_pylist()}
+    for node in nodes:
+        if node["type"] == "N":
+            assert any(occurs(node["name"], chunks[c]) for c in node["chunk_ids"]), node["name"]
+    assert not any("Marie Curie" in n["text"] for n in nodes)
     failures = pq.read_table(ws / "stages" / "decompose.failures.parquet").to_pylist()
     assert stages["decompose"]["failures"] == len(failures)
     assert all(f["reason"] for f in failures)

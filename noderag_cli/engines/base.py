@@ -83,6 +83,9 @@ class TaskStats:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    ungrounded: int = 0  # names, relationships, units... a reply gave that its input does not support
+    rate_limit_waits: int = 0  # 429 replies waited out
+    rate_limit_seconds: float = 0.0  # how long those waits took in total
 
     def add(self, other: TaskStats) -> None:
         for name in self.__dataclass_fields__:

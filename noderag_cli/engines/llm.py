@@ -5,8 +5,11 @@ What it does for every task item (see `prompts.py` for the prompts and reply sha
   messages and the parameters that shape the reply); a hit costs nothing and is counted;
 - otherwise calls `litellm.acompletion`, at most `llm.concurrency` at a time, each request
   start admitted by a sliding-window limiter on requests and tokens per minute;
-- 429s wait (Retry-After honoured, else exponential backoff with jitter), pause the limiter for
-  every worker, and draw on a separate, generous budget: they slow a run, they do not fail it;
+- 429s wait (Retry-After honoured, else exponential backoff with jitter) and pause the limiter for
+  every worker: they slow a run, they do not fail it, until one item has waited
+  `llm.rate_limit_wait_seconds` in total. Each wait is logged (the workspace's noderag.log during
+  `index`), counted in `stats` (waits, seconds) and shown through `notice` (the CLI's progress) at
+  the first wait and then at most every NOTICE_SECONDS;
   timeouts, connection errors and 5xx use the normal `llm.retries` budget with backoff;
 - asks for structured output (response_format json_schema) when `llm.structured_output`; a server
   that refuses it gets weaker modes for the rest of the run (see `prompts.STRUCTURED_MODES`);
@@ -62,7 +65,7 @@ import numpy as np
 
 from ..config import EmbeddingConfig, LLMConfig
 from ..workspace import Cache
-from . import prompts
+from . import grounding, prompts
 from .base import (
     AttributeInput,
     ChunkInput,
@@ -377,7 +380,7 @@ def _transient_category(err: BaseException) -> str:
 @dataclass
 class _Policy:
     retries: int
-    rate_limit_retries: int
+    rate_limit_wait: float  # seconds one item may wait on 429s in total
     backoff_base: float
     backoff_max: float
 
@@ -397,15 +400,18 @@ class _Policy:
 class _Reply:
     text: str
     cut_off: bool
+    max_tokens: int = 0  # the output limit the request had
+    room: int = 0  # the most the context window left for the reply
 
 
 class LiteLLMEngine:
     """NodeRAG's LLM tasks through litellm. See the module docstring for the behaviour.
 
     Keyword-only knobs exist for tests and benchmarks: `window_seconds` (the rate limiter's
-    window, 60 s for per-minute limits), `backoff_base`/`backoff_max` (seconds) and
-    `rate_limit_retries` (the separate 429 budget).
+    window, 60 s for per-minute limits), `backoff_base`/`backoff_max` (seconds).
     """
+
+    NOTICE_SECONDS = 10.0
 
     def __init__(
         self,
@@ -415,7 +421,6 @@ class LiteLLMEngine:
         window_seconds: float = 60.0,
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
-        rate_limit_retries: int = 100,
         limiter=None,
         executor=None,
     ):
@@ -429,7 +434,9 @@ class LiteLLMEngine:
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
         self.limiter = limiter or SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute,
                                                        window_seconds)
-        self.policy = _Policy(config.retries, rate_limit_retries, backoff_base, backoff_max)
+        self.policy = _Policy(config.retries, config.rate_limit_wait_seconds, backoff_base, backoff_max)
+        self.notice: Callable[[str], None] | None = None  # where waits on the server are shown (the CLI's progress)
+        self._last_notice = float("-inf")
         self._structured = "json_schema" if config.structured_output else "none"
         self._semaphore: asyncio.Semaphore | None = None
         self._provider: str | None = None
@@ -592,7 +599,7 @@ class LiteLLMEngine:
         messages = [prompts.build_messages(task, item) for item in items]
         keys = [self.request_key(task, m) for m in messages]
         found = self.cache.get_many(CACHE_NS, keys)
-        results: list[Any] = [self._from_cache(task, found.get(key)) for key in keys]
+        results: list[Any] = [self._from_cache(task, found.get(key), m) for key, m in zip(keys, messages, strict=True)]
         todo: dict[str, list[int]] = {}
         for index, key in enumerate(keys):
             if results[index] is None:
@@ -632,7 +639,7 @@ class LiteLLMEngine:
         todo: dict[str, list[int]] = {}
         hits = 0
         for index, key in enumerate(keys):
-            cached = self._from_cache(task, found.get(key))
+            cached = self._from_cache(task, found.get(key), messages[index])
             if cached is not None:
                 results[index] = cached
                 hits += 1
@@ -661,47 +668,97 @@ class LiteLLMEngine:
             raise
         return results
 
-    def _from_cache(self, task: str, blob: bytes | None) -> Any:
+    def _from_cache(self, task: str, blob: bytes | None, messages: list[dict]) -> Any:
         if blob is None:
             return None
         try:
             reply = prompts.SPECS[task].schema.model_validate(json.loads(blob)["data"])
         except (ValueError, KeyError, TypeError):
             return None  # an entry this version cannot read is simply recomputed
-        return prompts.result_of(task, reply)
+        return self._result(task, reply, messages)
+
+    def _result(self, task: str, reply: Any, messages: list[dict]) -> Any:
+        """The item's result from a validated reply: grounded in the item's input (the user message)."""
+        result = prompts.result_of(task, reply)
+        if not self.config.grounding:
+            return result
+        result, dropped = grounding.ground(task, result, messages[1]["content"])
+        self.stats.task(task).ungrounded += dropped
+        return result
+
+    def _parse(self, task: str, reply: _Reply, messages: list[dict]) -> Any:
+        """A validated reply, or ReplyError: also for one that echoes the prompt's example."""
+        parsed = prompts.parse_reply(task, reply.text, reply.cut_off)
+        echo = grounding.echo_of(parsed, messages[0]["content"], messages[1]["content"]) if self.config.grounding \
+            else None
+        if echo is not None:
+            raise prompts.ReplyError(f"it repeats {echo!r} from the instructions' example, which the input does not "
+                                     "hold; extract only from the input")
+        return parsed
 
     async def _item(self, task: str, messages: list[dict], key: str, auth: dict) -> Any:
         stats = self.stats.task(task)
         try:
             first = await self._complete(task, messages, auth, stats)
             try:
-                reply = prompts.parse_reply(task, first.text, first.cut_off)
+                reply = self._parse(task, first, messages)
                 corrected = False
             except prompts.ReplyError as err:
+                if first.cut_off:  # the same request would be cut off again: once more with room to finish
+                    return await self._longer(task, messages, key, auth, first)
                 retry = [*messages, {"role": "assistant", "content": first.text[:4000]},
                          {"role": "user", "content": prompts.correction_message(str(err))}]
                 second = await self._complete(task, retry, auth, stats)
                 try:
-                    reply = prompts.parse_reply(task, second.text, second.cut_off)
+                    reply = self._parse(task, second, messages)
                 except prompts.ReplyError as err2:
                     return Failure(f"invalid reply: {err2} (after one corrective retry)")
                 first, corrected = second, True
         except _CallFailed as err:
             return Failure(self._safe(str(err)))
-        value = json.dumps({"data": reply.model_dump(mode="json"), "reply": first.text, "corrected": corrected})
-        await _CacheWriter.get().put(self.cache, CACHE_NS, key, value.encode())
-        return prompts.result_of(task, reply)
+        return await self._keep(task, key, reply, first.text, corrected, messages)
 
-    async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats) -> _Reply:
-        """One reply, through limiter, semaphore and retries; `_CallFailed` when given up."""
+    async def _keep(self, task: str, key: str, reply: Any, text: str, corrected: bool, messages: list[dict]) -> Any:
+        """Cache a usable reply (as validated, before grounding) and return the item's result."""
+        value = json.dumps({"data": reply.model_dump(mode="json"), "reply": text, "corrected": corrected})
+        await _CacheWriter.get().put(self.cache, CACHE_NS, key, value.encode())
+        return self._result(task, reply, messages)
+
+    async def _longer(self, task: str, messages: list[dict], key: str, auth: dict, cut: _Reply) -> Any:
+        """A reply cut off at its output limit: asked again once with twice the limit (as far as the
+        context window allows); if that is cut off too, a failure that names the setting to change."""
+        stats = self.stats.task(task)
+        prompt = self.config.context_window - cut.room
+        advice = (f"raise llm.max_output_tokens to {2 * cut.max_tokens} (and llm.context_window to at least "
+                  f"{prompt + 2 * cut.max_tokens}), or lower chunk.chunk_tokens so that inputs are shorter")
+        if cut.max_tokens >= cut.room:
+            return Failure(f"cut off: the reply reached the {cut.max_tokens} output tokens the context window "
+                           f"leaves; {advice}")
+        try:
+            again = await self._complete(task, messages, auth, stats, min(2 * cut.max_tokens, cut.room))
+            reply = self._parse(task, again, messages)
+        except _CallFailed as err:
+            return Failure(self._safe(str(err)))
+        except prompts.ReplyError as err:
+            if again.cut_off:
+                return Failure(f"cut off: the reply reached the output limit at {cut.max_tokens} tokens and again at "
+                               f"{again.max_tokens}; {advice.replace(str(2 * cut.max_tokens), str(2 * again.max_tokens))}")
+            return Failure(f"invalid reply: {err} (after a retry with a larger output limit)")
+        return await self._keep(task, key, reply, again.text, False, messages)
+
+    async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats,
+                        max_tokens: int | None = None) -> _Reply:
+        """One reply, through limiter, semaphore and retries; `_CallFailed` when given up. Its
+        output limit: llm.max_output_tokens (or `max_tokens`), at most what the context window leaves."""
         lt = load_litellm()
         prompt_tokens = self._prompt_tokens(messages)
         room = self.config.context_window - prompt_tokens
         if room < 16:
             raise _CallFailed("input too long", f"about {prompt_tokens} prompt tokens for a context window of "
                                                 f"{self.config.context_window}")
-        max_tokens = min(self.config.max_output_tokens, room)
-        attempts = rate_limited = 0
+        max_tokens = min(max_tokens or self.config.max_output_tokens, room)
+        attempts = 0
+        waited = 0.0
         assert self._semaphore is not None
         while True:
             params: dict[str, Any] = {
@@ -729,15 +786,17 @@ class LiteLLMEngine:
                 self.limiter.settle(reservation, in_tok + out_tok or prompt_tokens + max_tokens)
                 choice = response.choices[0]
                 text = getattr(choice.message, "content", None) or ""
-                return _Reply(text, getattr(choice, "finish_reason", None) == "length")
+                return _Reply(text, getattr(choice, "finish_reason", None) == "length", max_tokens, room)
             kind = _classify(error)
             self.limiter.settle(reservation, 0 if kind == "rate_limit" else prompt_tokens)
             if kind == "rate_limit":
-                rate_limited += 1
-                if rate_limited > self.policy.rate_limit_retries:
-                    raise _CallFailed("rate limited", f"still 429 after {rate_limited - 1} waits")
-                delay = self.policy.honour(retry_after_seconds(error), rate_limited)
-                _log.info("429 from %s, waiting %.1f s", self.model, delay)
+                if waited >= self.policy.rate_limit_wait:
+                    raise _CallFailed("rate limited", f"still 429 after waiting {waited:.0f} s in total "
+                                                      "(llm.rate_limit_wait_seconds)")
+                delay = min(self.policy.honour(retry_after_seconds(error), stats.rate_limit_waits + 1),
+                            self.policy.rate_limit_wait - waited + 0.01)
+                waited += delay
+                self._waiting(stats, delay)
                 self.limiter.pause(delay)
                 continue
             if kind == "refused_format" and mode != "none":
@@ -767,6 +826,18 @@ class LiteLLMEngine:
             delay = self.policy.honour(retry_after_seconds(error), attempts)
             _log.info("%s from %s, retry %d in %.1f s", category, self.model, attempts, delay)
             await asyncio.sleep(delay)
+
+    def _waiting(self, stats: TaskStats, delay: float) -> None:
+        """Count, log and show one wait on a 429 (shown at the first and then every NOTICE_SECONDS)."""
+        stats.rate_limit_waits += 1
+        stats.rate_limit_seconds += delay
+        waits = sum(s.rate_limit_waits for s in self.stats.by_task.values())
+        message = f"rate-limited by the server, waiting {delay:.0f} s; {waits} wait(s) so far"
+        _log.info("%s (%s)", message, self.model)
+        now = time.monotonic()
+        if self.notice is not None and now - self._last_notice >= self.NOTICE_SECONDS:
+            self._last_notice = now
+            self.notice(message)
 
     def _prompt_tokens(self, messages: list[dict]) -> int:
         """The prompt's tokens where the count matters, else an upper bound.
@@ -991,13 +1062,14 @@ def litellm_embed(
             todo.setdefault(k, []).append(row)
     if not todo:
         return out
-    policy = _Policy(retries, 100, backoff_base, 60.0)
+    policy = _Policy(retries, 600.0, backoff_base, 60.0)
     todo_keys = list(todo)
     lt = load_litellm()
 
     async def one_batch(batch_keys: list[str]) -> np.ndarray:
         inputs = [texts[todo[k][0]] for k in batch_keys]
         attempts = rate_limited = 0
+        waited = 0.0
         while True:
             if stats is not None:
                 stats.calls += 1
@@ -1007,9 +1079,11 @@ def litellm_embed(
                 break
             except Exception as err:
                 kind = _classify(err)
-                if kind == "rate_limit" and rate_limited < policy.rate_limit_retries:
+                if kind == "rate_limit" and waited < policy.rate_limit_wait:
                     rate_limited += 1
-                    await asyncio.sleep(policy.honour(retry_after_seconds(err), rate_limited))
+                    delay = policy.honour(retry_after_seconds(err), rate_limited)
+                    waited += delay
+                    await asyncio.sleep(delay)
                     continue
                 if kind == "transient" and attempts < policy.retries:
                     attempts += 1

@@ -136,6 +136,8 @@ def run(
         if isinstance(result, Failure):
             failures[graph.ids[i]] = result.reason
             continue
+        if not result.strip():  # dropped as ungrounded: the entity gets no attribute
+            continue
         provenance = sorted({c for j in picked for c in chunk_ids[j]})
         a = built.add(attribute_id(graph.ids[i]), result, provenance, name=names[i])
         pairs.append((a, graph.ids[i]))

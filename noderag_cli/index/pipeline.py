@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -83,6 +84,8 @@ class IndexResult:
     seconds: float = 0.0
     documents: dict[str, int] = field(default_factory=dict)  # new/changed/renamed/deleted/unchanged vs. last build
     generation: str | None = None  # the build now current
+    rate_limit_waits: int = 0  # 429 replies the LLM engine waited out in this run
+    rate_limit_seconds: float = 0.0
 
 
 @dataclass
@@ -462,8 +465,22 @@ def run_pipeline(
     atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
 
     digests: dict[str, str] = {}
-    _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
-                scan, result, log)
+    engine_log = logging.getLogger("noderag.llm")  # the engine's lines (its waits on the server) into noderag.log
+    level = engine_log.level
+    engine_log.setLevel(logging.INFO)
+    for handler in log.handlers:
+        engine_log.addHandler(handler)
+    if hasattr(engine, "notice"):
+        engine.notice = reporter.warn
+    try:
+        _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
+                    scan, result, log)
+    finally:
+        for handler in log.handlers:
+            engine_log.removeHandler(handler)
+        engine_log.setLevel(level)
+        if hasattr(engine, "notice"):
+            engine.notice = None
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
     built = assemble.current_manifest(ws)
@@ -511,6 +528,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
+        result.rate_limit_waits += llm.get("rate_limit_waits", 0)
+        result.rate_limit_seconds += llm.get("rate_limit_seconds", 0.0)
         info["vectors_computed"] = embedder.computed - vectors_before
         manifest["stages"][stage.name] = {"state": "done", "fingerprint": stage_print, "settings": settings,
                                           "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}

@@ -22,6 +22,11 @@ Actions (strings):
     python           a good reply written as a Python literal (single quotes)
     refuse_schema    400 "response_format json_schema not supported" when the request asks for
                      json_schema, else good
+    rich             a decomposition with a unit per sentence and its capitalised words as entities
+    echo             the example shape of the task's system prompt, verbatim (a model that copies it)
+    foreign          a good reply whose first unit also names FOREIGN_ENTITY, which no input holds,
+                     with a relationship to it
+    cut_off          a good reply cut in half with finish_reason "length" (the output limit reached)
 
 Every request is recorded (`server.records`): arrival time (time.monotonic), path, action,
 status, parsed body and the usage figures returned. With `upstream="http://host:port"` good
@@ -92,6 +97,22 @@ def rich_content(body: dict) -> dict:
         units.append({"text": sentence, "entities": names,
                       "relations": [{"source": names[0], "relation": "relates to", "target": names[1]}]})
     return {"units": units or good_content(body)["units"]}
+
+
+FOREIGN_ENTITY = "Zanzibar Quillfeather"
+
+
+def foreign_content(body: dict) -> dict:
+    content = good_content(body)
+    if _task_of(body) == "decompose":
+        unit = content["units"][0]
+        unit["entities"].append(FOREIGN_ENTITY)
+        unit["relations"].append({"source": unit["entities"][0], "relation": "met", "target": FOREIGN_ENTITY})
+    return content
+
+
+def _system_text(body: dict) -> str:
+    return next((m.get("content", "") for m in body.get("messages") or [] if m.get("role") == "system"), "")
 
 
 def good_content(body: dict) -> dict:
@@ -272,6 +293,9 @@ class FaultServer:
         content = {
             "rich": good,
             "good": good,
+            "echo": _system_text(body).partition("Shape:\n")[2],
+            "foreign": json.dumps(foreign_content(body)),
+            "cut_off": good[: max(1, len(good) // 2)],
             "truncated": good[: max(1, len(good) // 2)],
             "wrong_shape": json.dumps({"result": "nothing", "items": 3}),
             "prose": "I am sorry, I cannot help with that request.",
@@ -284,7 +308,8 @@ class FaultServer:
         return 200, {
             "id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fault-model"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "choices": [{"index": 0, "finish_reason": "length" if kind == "cut_off" else "stop",
+                         "message": {"role": "assistant", "content": content}}],
             "usage": usage,
         }, {}
 
