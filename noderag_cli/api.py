@@ -69,7 +69,9 @@ def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executo
     if config.llm.engine == "litellm":
         from .engines.llm import LiteLLMEngine
 
-        return LiteLLMEngine(config.llm, cache, executor=executor)
+        engine = LiteLLMEngine(config.llm, cache, executor=executor)
+        engine.check_before_first_call = True  # a run with nothing to ask never imports litellm or calls out
+        return engine
     return OfflineEngine(embedder, cache)
 
 
@@ -112,8 +114,6 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
     try:
         embedder = Embedder(config.embedding, ws.cache, executor)
         engine = make_engine(config, ws.cache, embedder, executor)
-        if config.llm.engine != "offline":
-            engine.check_connection()
         return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
@@ -356,10 +356,15 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
         by_status[row["status"]] = by_status.get(row["status"], 0) + 1
     report["documents"] = {"by_status": by_status, "list": [
         {k: row[k] for k in ("path", "status", "reason", "chunks", "chunks_done", "title")} for row in documents]}
-    llm_totals: dict[str, float] = {}
+    llm_totals: dict[str, float | bool | None] = {}
     for info in report["stages"].values():
         for key, value in (info.get("llm") or {}).items():
-            llm_totals[key] = llm_totals.get(key, 0) + value
+            if key == "price_known":
+                llm_totals[key] = False
+            elif value is None or llm_totals.get(key, 0) is None:  # an unknown price: the total is unknown too
+                llm_totals[key] = None
+            else:
+                llm_totals[key] = llm_totals.get(key, 0) + value
     report["llm"] = llm_totals
     report["files"] = {p.relative_to(ws.root).as_posix(): p.stat().st_size
                        for p in sorted(ws.root.rglob("*")) if p.is_file() and not p.name.startswith(".")}

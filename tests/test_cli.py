@@ -343,3 +343,23 @@ def test_a_dry_run_with_llm_and_embedding_backends_needs_no_network_and_no_key(t
     assert llm["tasks"]["decompose"]["calls"] > 0 and llm["tasks"]["embedding"]["calls"] >= 1
     assert llm["tasks"]["embedding"]["input_tokens"] > 0
     assert not workspace.exists()
+
+
+def test_a_query_with_an_unreachable_llm_exits_4_at_once(built, tmp_path):
+    import socket
+    import time
+
+    import yaml
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    config = tmp_path / "llm.yaml"
+    config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/some-model",
+                                              "api_base": f"http://127.0.0.1:{closed}/v1"}}))
+    started = time.monotonic()
+    run = noderag("query", built, "Who founded the Sound Maritime Society?", "--config", config)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 4, run.stderr
+    assert_one_line_error(run, f"cannot reach the LLM server at http://127.0.0.1:{closed}/v1")
+    assert elapsed < 5, f"{elapsed:.1f} s"  # refused before litellm is imported, no retries

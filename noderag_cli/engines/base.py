@@ -85,6 +85,7 @@ class TaskStats:
     cost_usd: float = 0.0
     ungrounded: int = 0  # names, relationships, units... a reply gave that its input does not support
     rate_limit_waits: int = 0  # 429 replies waited out
+    connection_checks: int = 0  # the tiny call before a run's first request (its tokens are counted too)
     rate_limit_seconds: float = 0.0  # how long those waits took in total
 
     def add(self, other: TaskStats) -> None:

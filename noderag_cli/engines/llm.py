@@ -54,8 +54,10 @@ import os
 import queue
 import random
 import re
+import socket
 import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -397,6 +399,14 @@ class _Policy:
 
 # --------------------------------------------------------------------------- the engine
 @dataclass
+class _Lookup:
+    messages: list[list[dict]]  # each item's request
+    results: list[Any]  # each item's result, None where still to ask
+    todo: dict[str, list[int]]  # key -> the positions of the items with that request
+    hits: int  # items the cache answered
+
+
+@dataclass
 class _Reply:
     text: str
     cut_off: bool
@@ -436,6 +446,8 @@ class LiteLLMEngine:
                                                        window_seconds)
         self.policy = _Policy(config.retries, config.rate_limit_wait_seconds, backoff_base, backoff_max)
         self.notice: Callable[[str], None] | None = None  # where waits on the server are shown (the CLI's progress)
+        self.check_before_first_call = False  # `check_connection` before the first request (the CLI's runs)
+        self._connection_checked = False
         self._last_notice = float("-inf")
         self._structured = "json_schema" if config.structured_output else "none"
         self._semaphore: asyncio.Semaphore | None = None
@@ -480,8 +492,12 @@ class LiteLLMEngine:
             params["num_ctx"] = self.config.context_window
         return params
 
-    def check_connection(self) -> None:
-        """One tiny call before any stage starts; EngineError (one line) when it cannot work."""
+    def check_connection(self, task: str = CHECK_TASK) -> None:
+        """One tiny call before the first request of a run (accounted under `task`: its tokens and
+        `connection_checks`); EngineError (one line) when it cannot work. A server at an address
+        that refuses connections is found before litellm is even imported."""
+        self._connection_checked = True
+        _refuses_connections(self.config.api_base)
         auth = self._request_auth()  # key and routing are checked before any network traffic
         where = self.config.api_base or f"the {self._route()} API"
         lt = load_litellm()
@@ -494,8 +510,8 @@ class LiteLLMEngine:
                 num_retries=0, max_retries=0, drop_params=True, **auth,
             )
 
-        stats = self.stats.task(CHECK_TASK)
-        stats.calls += 1
+        stats = self.stats.task(task)
+        stats.connection_checks += 1
         try:
             response = _LoopThread.get().run(probe)
         except Exception as err:
@@ -583,18 +599,27 @@ class LiteLLMEngine:
         return self._key_formats[task]
 
     def _batch(self, task: str, items: list, progress: Progress | None) -> list:
+        """Each item's result: from the cache, else asked. A batch the cache answers whole needs
+        neither litellm nor the server (an index run with nothing new starts as fast as offline);
+        with `check_before_first_call`, the first batch with anything to ask checks the connection."""
         if not items:
             return []
+        lookup = self._lookup(task, items)
+        if lookup.hits and progress:
+            progress(lookup.hits)
+        if not lookup.todo:
+            return lookup.results
+        if self.check_before_first_call and not self._connection_checked:
+            self.check_connection(task)
         auth = self._request_auth()  # before any call: missing key / unroutable model
         if self.executor is not None and hasattr(self.executor, "shared_limiter"):
-            return self._batch_on_cluster(task, items, progress)
+            return self._batch_on_cluster(task, items, lookup, progress)
         load_litellm()
-        return _LoopThread.get().run(lambda report: self._abatch(task, items, auth, report), progress)
+        return _LoopThread.get().run(lambda report: self._abatch(task, lookup, auth, report), progress)
 
-    def _batch_on_cluster(self, task: str, items: list, progress: Progress | None) -> list:
-        """`_batch` with the uncached requests as tasks on a cluster's workers (`remote_batch`),
-        each admitted by the cluster's one limiter; cache look-ups, cache writes and accounting
-        stay here, so a rerun finds every finished reply as a local run would."""
+    def _lookup(self, task: str, items: list) -> _Lookup:
+        """The items' requests, what the cache already holds (counted as hits), and the rest by key
+        (an item repeated in the batch rides along with its first copy, also a hit)."""
         stats = self.stats.task(task)
         messages = [prompts.build_messages(task, item) for item in items]
         keys = [self.request_key(task, m) for m in messages]
@@ -604,11 +629,17 @@ class LiteLLMEngine:
         for index, key in enumerate(keys):
             if results[index] is None:
                 todo.setdefault(key, []).append(index)
-        stats.cache_hits += len(items) - sum(len(rows) for rows in todo.values()) + \
-            sum(len(rows) - 1 for rows in todo.values())
-        if progress and len(items) > len(todo):
-            progress(len(items) - sum(len(rows) for rows in todo.values()))
-        groups = list(todo.values())
+        hits = len(items) - sum(len(rows) for rows in todo.values())
+        stats.cache_hits += hits + sum(len(rows) - 1 for rows in todo.values())
+        return _Lookup(messages, results, todo, hits)
+
+    def _batch_on_cluster(self, task: str, items: list, lookup: _Lookup, progress: Progress | None) -> list:
+        """`_batch` with the uncached requests as tasks on a cluster's workers (`remote_batch`),
+        each admitted by the cluster's one limiter; cache look-ups, cache writes and accounting
+        stay here, so a rerun finds every finished reply as a local run would."""
+        stats = self.stats.task(task)
+        results = lookup.results
+        groups = list(lookup.todo.values())
         limiter = self.executor.shared_limiter(self.config)
         jobs = [(self.config, task, [items[rows[0]] for rows in groups[i : i + CLUSTER_BATCH]], limiter, i)
                 for i in range(0, len(groups), CLUSTER_BATCH)]
@@ -628,26 +659,11 @@ class LiteLLMEngine:
         self.executor.map(remote_batch, jobs, done)
         return results
 
-    async def _abatch(self, task: str, items: list, auth: dict, report: Callable[[int], None]) -> list:
+    async def _abatch(self, task: str, lookup: _Lookup, auth: dict, report: Callable[[int], None]) -> list:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
         stats = self.stats.task(task)
-        messages = [prompts.build_messages(task, item) for item in items]
-        keys = [self.request_key(task, m) for m in messages]
-        results: list[Any] = [None] * len(items)
-        found = self.cache.get_many(CACHE_NS, keys)
-        todo: dict[str, list[int]] = {}
-        hits = 0
-        for index, key in enumerate(keys):
-            cached = self._from_cache(task, found.get(key), messages[index])
-            if cached is not None:
-                results[index] = cached
-                hits += 1
-            else:
-                todo.setdefault(key, []).append(index)
-        stats.cache_hits += hits + sum(len(rows) - 1 for rows in todo.values())  # duplicates ride along free
-        if hits:
-            report(hits)
+        messages, results, todo = lookup.messages, lookup.results, lookup.todo
 
         async def one(key: str, rows: list[int]) -> None:
             outcome = await self._item(task, messages[rows[0]], key, auth)
@@ -869,6 +885,25 @@ class LiteLLMEngine:
 
 
 # --------------------------------------------------------------------------- helpers for other modules
+def _refuses_connections(api_base: str | None) -> None:
+    """EngineError when the server at api_base refuses a TCP connection (nothing listens there):
+    said in a second, without the seconds litellm takes to import. Behind a proxy, or without an
+    address (a provider's API), litellm's own call decides."""
+    if not api_base or any(os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
+                                                        "https_proxy", "all_proxy")):
+        return
+    url = urllib.parse.urlsplit(api_base)
+    if not url.hostname:
+        return
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=3).close()
+    except ConnectionRefusedError:
+        raise EngineError(f"cannot reach the LLM server at {api_base}: connection refused") from None
+    except OSError:
+        return  # unresolvable, timed out...: litellm's call says it in its words
+
+
 def route_model(model: str, api_base: str | None = None) -> str:
     """The litellm provider of `model`; EngineError when litellm cannot route it."""
     lt = load_litellm()

@@ -528,6 +528,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
+        if llm and getattr(engine, "price_known", None) is False:  # never a made-up zero
+            llm["cost_usd"], llm["price_known"] = None, False
         result.rate_limit_waits += llm.get("rate_limit_waits", 0)
         result.rate_limit_seconds += llm.get("rate_limit_seconds", 0.0)
         info["vectors_computed"] = embedder.computed - vectors_before
