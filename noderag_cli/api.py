@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from .config import Config, SearchConfig, load_config
+from .config import Config, ConfigError, SearchConfig, load_config
 from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
@@ -227,9 +227,12 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
 def engine_name(config: Config) -> str:
     """The name an engine for this config will carry (it keys the decomposition cache)."""
     if config.llm.engine == "litellm":
-        from .engines.prompts import engine_name as llm_engine_name
+        from .engines import prompts
 
-        return llm_engine_name(config.llm.model)
+        try:
+            return prompts.engine_name(config.llm.model, prompts.prompt_set(config.llm.prompts))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return OfflineEngine.name
 
 
@@ -416,25 +419,32 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     return result
 
 
-def init(workspace: str | Path, llm: str | None = None, force: bool = False) -> Path:
+def init(workspace: str | Path, llm: str | None = None, force: bool = False, prompts: bool = False) -> list[Path]:
     """Write WORKSPACE/config.yaml with every setting, its meaning and its default (with an LLM
-    preset's settings when `llm` names one); the next `noderag index WORKSPACE` uses it. An
-    existing config is replaced only with `force` (an indexed workspace then re-runs what the
-    changed settings touch)."""
+    preset's settings when `llm` names one); the next `noderag index WORKSPACE` uses it. With
+    `prompts`, also the built-in prompts as files in WORKSPACE/prompts, which the config then
+    names (`llm.prompts`). Existing files are replaced only with `force` (an indexed workspace
+    then re-runs what the changed settings touch). Returns the files written."""
     from .config import Config, config_to_yaml, preset
+    from .engines.prompts import write_prompts
 
     config, header = preset(llm) if llm else (Config(), "")
     ws = Workspace(Path(workspace))
     ws.check_usable()
-    if ws.config_path.exists() and not force:
-        raise InputError(f"{ws.config_path} exists; edit it, or `noderag init {ws.root} --force` to write a new one")
+    folder = ws.root / "prompts"
+    for path in (ws.config_path, *([folder] if prompts else [])):
+        if path.exists() and not force:
+            raise InputError(f"{path} exists; edit it, or `noderag init {ws.root} --force` to write a new one")
+    if prompts:
+        config = config.model_copy(update={"llm": config.llm.model_copy(update={"prompts": folder.name})})
     try:
         ws.root.mkdir(parents=True, exist_ok=True)
+        written = write_prompts(folder) if prompts else []
         text = (header + "\n" if header else "") + config_to_yaml(config, commented=True)
         atomic_write_bytes(ws.config_path, text.encode())
     except OSError as err:
-        raise WorkspaceError(f"cannot write {ws.config_path}: {err.strerror or err}") from err
-    return ws.config_path
+        raise WorkspaceError(f"cannot write to {ws.root}: {err.strerror or err}") from err
+    return [ws.config_path, *written]
 
 
 def gc(workspace: str | Path, dry_run: bool = False) -> dict:

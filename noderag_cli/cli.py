@@ -492,14 +492,17 @@ def init(
     llm: Annotated[str | None, typer.Option(
         "--llm", metavar="openai|ollama|openai-compatible", show_default=False,
         help="start from that LLM preset (litellm engine, model, server, limits) [default: offline]")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace the workspace's config.yaml")] = False,
+    prompts: Annotated[bool, typer.Option("--prompts", help="also write the built-in LLM prompts to "
+                                                           "WORKSPACE/prompts, one file per task, and use them")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace the workspace's config.yaml (and prompts)")] = False,
 ) -> None:
-    """Write WORKSPACE/config.yaml with every setting, what it means and its default; edit it, then
-    `noderag index WORKSPACE --input FOLDER` uses it."""
+    """Write WORKSPACE/config.yaml with every setting, what it means and its default (and with
+    --prompts the LLM prompts, to adapt to a domain); edit them, then `noderag index WORKSPACE
+    --input FOLDER` uses them."""
     from . import api
 
-    path = _run(lambda: api.init(workspace, llm, force))
-    out.print(f"wrote {path}; edit it, then `noderag index {workspace} --input FOLDER`")
+    paths = _run(lambda: api.init(workspace, llm, force, prompts))
+    out.print(f"wrote {', '.join(map(str, paths))}; edit, then `noderag index {workspace} --input FOLDER`")
 
 
 @app.command(cls=Command, short_help="remove old builds and cache entries nothing refers to")

@@ -6,7 +6,7 @@ run left; stage files no stage declares (from older versions); and cache entries
 of every stage did not need. Each stage run records the cache keys it asked for or wrote
 (`stages/<stage>.cache_keys.parquet`), and the decompose stage's rows name every chunk's key, so
 the entries kept are exactly those a rerun of any stage would look up: an `index` after `gc`
-re-pays nothing. `noderag ablate`'s entries are kept. The cache is rewritten into a new file
+re-pays nothing. (`noderag ablate`'s LLM replies, which no stage needs, go too.) The cache is rewritten into a new file
 with only the entries kept, then renamed over the old one: a `query` that has the old file open
 keeps reading it. An `index` run cannot start meanwhile (gc holds the workspace lock).
 """
@@ -26,7 +26,6 @@ from .index.pipeline import STAGES
 from .workspace import (
     CACHE_KEYS,
     CACHE_TABLE,
-    EVALUATION_NAMESPACES,
     GENERATIONS_DIR,
     Workspace,
     WorkspaceError,
@@ -70,11 +69,10 @@ def _live_keys(ws: Workspace, manifest: dict) -> tuple[list[tuple[str, str]] | N
 
 
 def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> dict:
-    """Count, and unless dry_run remove, the cache entries not in `live` (outside the evaluation's)."""
+    """Count, and unless dry_run remove, the cache entries not in `live`."""
     path = ws.cache_path
     before = _size(path) + _size(path.with_name(path.name + "-wal"))
-    kept_ns = ",".join("?" * len(EVALUATION_NAMESPACES))
-    wanted = f"(kv.ns IN ({kept_ns}) OR EXISTS (SELECT 1 FROM live WHERE live.ns = kv.ns AND live.key = kv.key))"
+    wanted = "EXISTS (SELECT 1 FROM live WHERE live.ns = kv.ns AND live.key = kv.key)"
     db = sqlite3.connect(path, isolation_level=None)
     fresh = path.with_name(f".{path.name}.gc.tmp")
     try:
@@ -82,7 +80,7 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
         db.executemany("INSERT INTO live VALUES (?, ?)", live)
         total = db.execute("SELECT COUNT(*) FROM kv").fetchone()[0]
         dead, dead_bytes = db.execute(f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM kv "
-                                      f"WHERE NOT {wanted}", EVALUATION_NAMESPACES).fetchone()
+                                      f"WHERE NOT {wanted}").fetchone()
         report = {"entries": total, "removed": dead, "bytes": dead_bytes}
         if dry_run or not dead:
             return report
@@ -91,7 +89,7 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
         db.execute("ATTACH DATABASE ? AS fresh", [str(fresh)])
         db.execute(CACHE_TABLE.replace("EXISTS kv", "EXISTS fresh.kv"))
         db.execute("BEGIN")
-        db.execute(f"INSERT INTO fresh.kv SELECT * FROM kv WHERE {wanted} ORDER BY ns, key", EVALUATION_NAMESPACES)
+        db.execute(f"INSERT INTO fresh.kv SELECT * FROM kv WHERE {wanted} ORDER BY ns, key")
         db.execute("COMMIT")
         db.execute("DETACH DATABASE fresh")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -72,6 +72,8 @@ class LLMConfig(_Section):
     rate_limit_wait_seconds: float = Field(
         600.0, gt=0, description="an item gives up after waiting this long in total on the server's 429 replies")
     structured_output: bool = True
+    prompts: str | None = Field(None, description="a folder of prompt files, one per task, used instead of the "
+                                "built-ins (`noderag init WS --prompts` writes them to start from); relative to this file")
     grounding: bool = Field(True, description="keep only the names, relationships, units and summaries a reply's "
                             "input supports, and retry replies that echo the prompt's example (engines/grounding.py)")
 
@@ -159,6 +161,10 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Conf
     # workspaces indexed before the similarity edges were computed exactly saved an `hnsw` section
     # (m, ef_construction, ef_search); none of it means anything now
     data.pop("hnsw", None)
+    llm = data.get("llm")
+    if path is not None and isinstance(llm, dict) and isinstance(llm.get("prompts"), str) \
+            and not Path(llm["prompts"]).is_absolute():  # a prompt folder is where its config file says
+        llm["prompts"] = str((Path(path).resolve().parent / llm["prompts"]).resolve())
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value

@@ -75,10 +75,11 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
     for task, items in recorder.seen.items():
         items = _unique(items)
         if engine is not None:
-            keys = [engine.request_key(task, prompts.build_messages(task, item)) for item in items]
+            keys = [engine.request_key(task, engine.prompts.messages(task, item)) for item in items]
             cached = cache.get_many(llm.CACHE_NS, keys)
             items = [item for item, key in zip(items, keys, strict=True) if key not in cached]
-        prompt_tokens = llm.prompt_tokens_for(task, items, config.llm.model) if items else []
+        prompt_tokens = llm.prompt_tokens_for(task, items, config.llm.model, prompts.prompt_set(config.llm.prompts)) \
+            if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
         tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
     priced = llm.estimate_cost(config.llm.model, tasks)

@@ -57,7 +57,6 @@ GENERATION_FORMAT = 1
 CACHE_FILE = "cache.sqlite"
 CACHE_KEYS = "cache_keys.parquet"  # beside each stage's outputs: the cache entries its last run needed
 CACHE_TABLE = "CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))"
-EVALUATION_NAMESPACES = ("ablate",)  # cache entries of `noderag ablate`, not of a build: `gc` keeps them
 COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
 CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"

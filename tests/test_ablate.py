@@ -75,7 +75,7 @@ def test_hyde_is_skipped_offline_and_searches_chunks_with_an_engine_passage(setu
     with pytest.raises(StrategySkipped, match="LLM engine"):
         STRATEGIES["hyde"].build(setup)
     monkeypatch.setattr(Setup, "offline", property(lambda self: False))
-    monkeypatch.setattr(baselines, "llm_text", lambda engine, prompt, cache=None: "Harlow Ferry is a village.")
+    monkeypatch.setattr(baselines, "hypothetical_passage", lambda setup, question: "Harlow Ferry is a village.")
     result = STRATEGIES["hyde"].build(setup)(questions[0].question, 600)
     assert result.nodes and {n.type for n in result.nodes} == {"T"} and result.context_tokens <= 600
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SAMPLE_CORPUS, assert_same_tables, index
+from conftest import SAMPLE_CORPUS, assert_same_tables, index, noderag
 from llm_support.fault_server import FaultServer, _task_of
 
 DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md", "vessmouth.md"]
@@ -86,12 +86,12 @@ def test_new_prompts_are_not_served_old_decompositions(monkeypatch):
     from noderag_cli.engines import prompts
 
     before = prompts.engine_name("openai/fault-model")
-    prompts.prompts_digest.cache_clear()
+    built_in = prompts.BUILT_IN
+    for changed in (prompts.PromptSet({**built_in.system, "answer": "Answer."}, built_in.user),
+                    prompts.PromptSet(built_in.system, {**built_in.user, "query_entities": "Q: {question}"})):
+        assert prompts.engine_name("openai/fault-model", changed) != before
     monkeypatch.setattr(prompts, "PROMPTS_VERSION", prompts.PROMPTS_VERSION + 1)
-    try:
-        assert prompts.engine_name("openai/fault-model") != before
-    finally:
-        prompts.prompts_digest.cache_clear()
+    assert prompts.engine_name("openai/fault-model", prompts.PromptSet(built_in.system, built_in.user)) != before
 
 
 def test_rate_limiting_is_shown_logged_bounded_and_summed_up(tmp_path):
@@ -116,3 +116,91 @@ def test_rate_limiting_is_shown_logged_bounded_and_summed_up(tmp_path):
         assert summary["rate_limited"]["waits"] >= 3 and summary["rate_limited"]["seconds"] >= 3
         assert "rate-limited by the server: waited" in run.stderr
         assert summary["failures"] >= 1
+
+
+def test_prompt_files_users_adapt_change_the_engine_and_bad_ones_are_config_errors(server, tmp_path):
+    from conftest import assert_one_line_error
+
+    from noderag_cli.config import load_config
+    from noderag_cli.engines import prompts
+
+    ws = tmp_path / "ws"
+    run = noderag("init", ws, "--prompts")
+    assert run.returncode == 0, run.stderr
+    files = sorted(p.name for p in (ws / "prompts").iterdir())
+    assert files == sorted(f"{task}.txt" for task in prompts.TASKS)
+    folder = load_config(ws / "config.yaml").llm.prompts
+    assert folder == str((ws / "prompts").resolve())
+    assert prompts.load_prompts(folder) == prompts.BUILT_IN  # the files as written are the built-ins
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", docs / "greyling_medal.md")
+    config_path = tmp_path / "fault.yaml"
+    config_path.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                   "api_base": server.url, "prompts": folder}}))
+    index(ws, docs, "--config", config_path)
+    first = {task: body for task, body in _requests(server)}
+    assert "decompose" in first
+
+    # a domain sentence added to the decompose prompt: the engine's identity changes, so the chunk is
+    # asked again with the new prompt instead of being served the reply to the old one
+    decompose = ws / "prompts" / "decompose.txt"
+    decompose.write_text("In these texts, ships and medals are entities too.\n" + decompose.read_text())
+    server.reset()
+    index(ws, docs, "--config", config_path)
+    again = _requests(server)
+    asked = [body for task, body in again if task == "decompose"]
+    assert asked and all("ships and medals are entities too" in body for body in asked)
+
+    decompose.write_text(decompose.read_text().replace("{text}", "TEXT"))
+    bad = noderag("index", ws, "--input", docs, "--config", config_path)
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "decompose.txt lacks the variable(s) {text}")
+    decompose.write_text(decompose.read_text().replace("TEXT", "{text} {colour}"))
+    bad = noderag("index", ws, "--input", docs, "--config", config_path)
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "unknown variable(s) {colour}")
+
+
+def test_an_llm_answer_cites_numbered_context_lines(built, tmp_path):
+    with FaultServer(default="good") as server:
+        server.script(["cite"], marker="Cite the context lines")
+        config = _config(tmp_path, server.url)
+        run = noderag("query", built, "Who founded the Sound Maritime Society?", "--config", config, "--json")
+        answer_request = [r for r in server.completions() if _task_of(r.body) == "answer"][0]
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    nodes = result["nodes"]
+    assert result["citations"] == [{"n": 1, "id": nodes[0]["id"], "documents": nodes[0]["documents"]},
+                                   {"n": 2, "id": nodes[1]["id"], "documents": nodes[1]["documents"]}]
+    assert result["invalid_citations"] == 1  # [99]: no such line
+    context = answer_request.body["messages"][1]["content"]
+    assert context.startswith("Context:\n[1] ") and f"\n[{len(nodes)}] " in context
+
+    offline = noderag("query", built, "Who founded the Sound Maritime Society?", "--json")
+    assert "citations" not in json.loads(offline.stdout)  # the extractive answer names its sources itself
+
+
+def test_hyde_asks_through_the_engine_and_a_second_ablate_pays_nothing(built, tmp_path):
+    from conftest import copy_workspace
+
+    workspace = copy_workspace(built, tmp_path / "ws")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Who founded the Sound Maritime Society?",
+                                     "answers": ["Josiah Penrake"]}) + "\n")
+    with FaultServer(default="good") as server:
+        config = _config(tmp_path, server.url)
+        args = ("ablate", workspace, "--questions", questions, "--variants", "hyde", "--budgets", "1000",
+                "--config", config, "--out", tmp_path / "out")
+        first = noderag(*args)
+        assert first.returncode == 0, first.stderr
+        asked = [r for r in server.completions() if _task_of(r.body) == "passage"]
+        assert len(asked) == 1 and asked[0].body["messages"][1]["content"] == \
+            "Question: Who founded the Sound Maritime Society?"
+        server.reset()
+        second = noderag(*args)
+        assert second.returncode == 0, second.stderr
+        assert [r for r in server.completions() if _task_of(r.body) == "passage"] == []  # from the engine's cache
+    rows = json.loads((tmp_path / "out" / "ablation.json").read_text())["rows"]
+    assert [r["strategy"] for r in rows] == ["hyde"]

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import EmbeddingConfig, LLMConfig
+from ..config import ConfigError, EmbeddingConfig, LLMConfig
 from ..workspace import Cache
 from . import grounding, prompts
 from .base import (
@@ -438,7 +438,11 @@ class LiteLLMEngine:
         self.cache = cache
         self.executor = executor  # a cluster's executor (`shared_limiter`): uncached calls run on its workers
         self.model = config.model
-        self.name = prompts.engine_name(config.model)
+        try:
+            self.prompts = prompts.prompt_set(config.prompts)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.name = prompts.engine_name(config.model, self.prompts)
         self.stats = EngineStats()
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
@@ -555,6 +559,13 @@ class LiteLLMEngine:
         result = self._batch("query_entities", [question], None)[0]
         return [] if isinstance(result, Failure) else result
 
+    def passage(self, question: str) -> str:
+        """HyDE's hypothetical passage answering the question; EngineError when none is usable."""
+        result = self._batch("passage", [question], None)[0]
+        if isinstance(result, Failure):
+            raise EngineError(f"no usable passage from {self.model}: {result.reason}")
+        return result
+
     def answer(self, question: str, context: str) -> str:
         """The answer from the context; EngineError when the model gives no usable answer."""
         result = self._batch("answer", [(question, context)], None)[0]
@@ -621,7 +632,7 @@ class LiteLLMEngine:
         """The items' requests, what the cache already holds (counted as hits), and the rest by key
         (an item repeated in the batch rides along with its first copy, also a hit)."""
         stats = self.stats.task(task)
-        messages = [prompts.build_messages(task, item) for item in items]
+        messages = [self.prompts.messages(task, item) for item in items]
         keys = [self.request_key(task, m) for m in messages]
         found = self.cache.get_many(CACHE_NS, keys)
         results: list[Any] = [self._from_cache(task, found.get(key), m) for key, m in zip(keys, messages, strict=True)]
@@ -1007,7 +1018,8 @@ def _count_empty(model: str) -> int:
     return _count_all(model, [])
 
 
-def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-mini") -> list[int]:
+def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-mini",
+                      prompt_set: prompts.PromptSet = prompts.BUILT_IN) -> list[int]:
     """Prompt tokens of each task input, with exactly the prompts the engine sends.
 
     Inputs per task: `decompose` ChunkInput, `attributes` AttributeInput, `community_elements`
@@ -1016,7 +1028,7 @@ def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-min
     """
     if task not in prompts.SPECS:
         raise ValueError(f"unknown task {task!r}; tasks are {', '.join(prompts.TASKS)}")
-    return [count_tokens(model, prompts.build_messages(task, item)) for item in inputs]
+    return [count_tokens(model, prompt_set.messages(task, item)) for item in inputs]
 
 
 def estimate_cost(model: str, calls_by_task: dict[str, tuple[int, int, int]]) -> dict:

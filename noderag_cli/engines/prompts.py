@@ -23,16 +23,22 @@ import functools
 import hashlib
 import json
 import re
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from noderag_cli.engines.base import AttributeInput, ChunkInput, CommunityInput, Element, Unit
 
-TASKS = ("decompose", "attributes", "community_elements", "query_entities", "answer")
+TASKS = ("decompose", "attributes", "community_elements", "query_entities", "answer", "passage")
 """Task names, as used in `EngineStats.by_task` and in cache keys."""
+
+IDENTITY_TASKS = TASKS[:5]
+"""The tasks whose prompts make up the engine's identity (`PromptSet.digest`). `passage` (HyDE's,
+for `noderag ablate`) shapes no table, and its replies are keyed by their whole request anyway."""
 
 
 # --------------------------------------------------------------------------- schemas
@@ -170,6 +176,12 @@ class Answer(_Reply):
     answer: str = Field(min_length=1)
 
 
+class Passage(_Reply):
+    """Reply of `passage`: HyDE's hypothetical passage answering a question."""
+
+    passage: str = Field(min_length=1)
+
+
 # --------------------------------------------------------------------------- prompts
 _JSON_RULES = (
     "Reply with exactly one JSON object in the shape shown, with double-quoted strings, "
@@ -220,31 +232,19 @@ Shape:
 {{"answer": "..."}}"""
 """The one answer prompt, the same for every retrieval method."""
 
+PASSAGE_SYSTEM = f"""Please write a passage to answer the question.
+{_JSON_RULES}
+Shape:
+{{"passage": "..."}}"""
+"""HyDE's instruction for web search (Gao et al. 2022, §4.1), in the JSON shape of every task."""
+
+
+CITE = "Cite the context lines your answer uses by their numbers in brackets, like [2] or [1][3]."
+"""The answer's last paragraph when its context is numbered (`Retrieval.context_text(numbered=True)`)."""
+
 
 def _bullets(texts: Sequence[str]) -> str:
     return "\n".join(f"- {' '.join(t.split())}" for t in texts if t.strip())
-
-
-def _decompose_user(item: ChunkInput) -> str:
-    head = f"Title: {item.title}\n\n" if item.title else ""
-    return f"{head}Text:\n{item.text.strip()}"
-
-
-def _attributes_user(item: AttributeInput) -> str:
-    return f"Entity: {item.entity}\n\nStatements about it:\n{_bullets(item.texts)}"
-
-
-def _community_user(item: CommunityInput) -> str:
-    return f"Statements:\n{_bullets(item.texts)}"
-
-
-def _query_user(question: str) -> str:
-    return f"Question: {question.strip()}"
-
-
-def _answer_user(item: tuple[str, str]) -> str:
-    question, context = item
-    return f"Context:\n{context.strip()}\n\nQuestion: {question.strip()}"
 
 
 @dataclass(frozen=True)
@@ -252,40 +252,139 @@ class TaskSpec:
     name: str
     schema: type[BaseModel]
     system: str
-    render: Any  # callable(input) -> user message text
+    user: str  # the user message: a str.format template over `variables`
+    variables: Any  # callable(input) -> {name: text}
 
 
 SPECS: dict[str, TaskSpec] = {
-    "decompose": TaskSpec("decompose", Decomposition, DECOMPOSE_SYSTEM, _decompose_user),
-    "attributes": TaskSpec("attributes", AttributeSummary, ATTRIBUTES_SYSTEM, _attributes_user),
-    "community_elements": TaskSpec("community_elements", CommunitySummary, COMMUNITY_SYSTEM, _community_user),
-    "query_entities": TaskSpec("query_entities", QueryEntities, QUERY_ENTITIES_SYSTEM, _query_user),
-    "answer": TaskSpec("answer", Answer, ANSWER_SYSTEM, _answer_user),
+    "decompose": TaskSpec("decompose", Decomposition, DECOMPOSE_SYSTEM, "Title: {title}\n\nText:\n{text}",
+                          lambda c: {"title": c.title, "text": c.text.strip()}),
+    "attributes": TaskSpec("attributes", AttributeSummary, ATTRIBUTES_SYSTEM,
+                           "Entity: {entity}\n\nStatements about it:\n{statements}",
+                           lambda a: {"entity": a.entity, "statements": _bullets(a.texts)}),
+    "community_elements": TaskSpec("community_elements", CommunitySummary, COMMUNITY_SYSTEM, "Statements:\n{statements}",
+                                   lambda c: {"statements": _bullets(c.texts)}),
+    "query_entities": TaskSpec("query_entities", QueryEntities, QUERY_ENTITIES_SYSTEM, "Question: {question}",
+                               lambda q: {"question": q.strip()}),
+    "answer": TaskSpec("answer", Answer, ANSWER_SYSTEM, "Context:\n{context}\n\nQuestion: {question}\n\n{cite}",
+                       lambda qc: {"context": qc[1].strip(), "question": qc[0].strip(),
+                                   "cite": CITE if qc[1].lstrip().startswith("[1] ") else ""}),
+    "passage": TaskSpec("passage", Passage, PASSAGE_SYSTEM, "Question: {question}", lambda q: {"question": q.strip()}),
 }
 """Inputs per task: ChunkInput, AttributeInput, CommunityInput, question str, (question, context)."""
 
 
 PROMPTS_VERSION = 1
-"""Bump when a render function changes what the model is shown (system prompts and schemas
-are digested automatically)."""
+"""Bump when a variable's text changes what the model is shown (prompt texts and schemas are
+digested automatically)."""
+
+USER_MARKER = "--- user message ---"
+"""In a prompt file, the line between the system prompt (as is) and the user message template."""
 
 
-@functools.lru_cache(maxsize=1)
-def prompts_digest() -> str:
-    parts = [PROMPTS_VERSION] + [[s.system, s.schema.model_json_schema()] for s in SPECS.values()]
-    return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=4).hexdigest()
+@dataclass(frozen=True)
+class PromptSet:
+    """Each task's system prompt and user message template: the built-ins, or a folder's files."""
+
+    system: dict[str, str]
+    user: dict[str, str]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Of every text the model is shown but the items: the built-ins' user templates are implied by
+        PROMPTS_VERSION (so the built-in digest, and the caches keyed by it, stay as they were)."""
+        parts = [PROMPTS_VERSION] + [[self.system[t], SPECS[t].schema.model_json_schema()]
+                                     + ([self.user[t]] if self.user[t] != SPECS[t].user else [])
+                                     for t in IDENTITY_TASKS]
+        return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=4).hexdigest()
+
+    def messages(self, task: str, item: Any) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system[task]},
+                {"role": "user", "content": fill(self.user[task], SPECS[task].variables(item))}]
 
 
-def engine_name(model: str) -> str:
+BUILT_IN = PromptSet({t: s.system for t, s in SPECS.items()}, {t: s.user for t, s in SPECS.items()})
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """The template with its variables filled in; a paragraph (lines between blank lines) whose
+    every variable is empty is left out ("Title: {title}" for a chunk without a title)."""
+    kept = []
+    for paragraph in template.split("\n\n"):
+        names = [name for _, name, _, _ in string.Formatter().parse(paragraph) if name]
+        if names and not any(values[name] for name in names):
+            continue
+        kept.append(paragraph.format(**values))
+    return "\n\n".join(kept)
+
+
+def prompt_file_text(task: str) -> str:
+    return f"{SPECS[task].system}\n{USER_MARKER}\n{SPECS[task].user}\n"
+
+
+def write_prompts(folder: Path) -> list[Path]:
+    """The built-in prompts as files to start from: `<task>.txt` each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for task in TASKS:
+        path = folder / f"{task}.txt"
+        path.write_text(prompt_file_text(task), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def load_prompts(folder: str | Path) -> PromptSet:
+    """A folder's prompt files (`<task>.txt`; a task without a file keeps its built-in): the system
+    prompt, the line USER_MARKER, then the user message template with that task's variables. A
+    file that cannot be used raises ValueError with a one-line reason."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"llm.prompts: {folder} is not a folder (`noderag init WS --prompts` writes one)")
+    system, user = dict(BUILT_IN.system), dict(BUILT_IN.user)
+    for task in TASKS:
+        path = folder / f"{task}.txt"
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8").rstrip("\n")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"prompt file {path} cannot be read: {err}") from None
+        head, marker, tail = text.partition(f"\n{USER_MARKER}\n")
+        if not marker:
+            raise ValueError(f"prompt file {path} has no line '{USER_MARKER}' before its user message template")
+        wanted = set(SPECS[task].variables(_SAMPLE_INPUTS[task]))
+        try:
+            used = {name for _, name, _, _ in string.Formatter().parse(tail) if name is not None}
+        except ValueError as err:
+            raise ValueError(f"prompt file {path}: {err} (write a literal brace as {{{{ or }}}})") from None
+        if wanted - used:
+            raise ValueError(f"prompt file {path} lacks the variable(s) {', '.join(sorted('{' + v + '}' for v in wanted - used))}")
+        if used - wanted:
+            raise ValueError(f"prompt file {path} uses unknown variable(s) {', '.join(sorted('{' + v + '}' for v in used - wanted))}; "
+                             f"{task} has {', '.join(sorted('{' + v + '}' for v in wanted))}")
+        system[task], user[task] = head.strip("\n"), tail
+    return PromptSet(system, user)
+
+
+_SAMPLE_INPUTS = {"decompose": ChunkInput("c", "t", "T"), "attributes": AttributeInput("e", ("s",)),
+                  "community_elements": CommunityInput(0, ("s",)), "query_entities": "q", "answer": ("q", "c"),
+                  "passage": "q"}
+
+
+def prompt_set(folder: str | None) -> PromptSet:
+    """The prompts an LLM config names: its folder's files, else the built-ins."""
+    return load_prompts(folder) if folder else BUILT_IN
+
+
+def engine_name(model: str, prompt_set: PromptSet = BUILT_IN) -> str:
     """The LLM engine's name: model and prompt set. It keys the per-chunk decomposition cache and the
     stage fingerprints, so new prompts re-run what they would change instead of reusing old results."""
-    return f"litellm:{model}:p{prompts_digest()}"
+    return f"litellm:{model}:p{prompt_set.digest}"
 
 
-def build_messages(task: str, item: Any) -> list[dict[str, str]]:
-    """The chat messages of one task item: a fixed system prompt and the item as user message."""
-    spec = SPECS[task]
-    return [{"role": "system", "content": spec.system}, {"role": "user", "content": spec.render(item)}]
+def build_messages(task: str, item: Any, prompt_set: PromptSet = BUILT_IN) -> list[dict[str, str]]:
+    """The chat messages of one task item: the system prompt and the item as user message."""
+    return prompt_set.messages(task, item)
 
 
 # --------------------------------------------------------------------------- structured output
@@ -531,4 +630,6 @@ def result_of(task: str, reply: BaseModel) -> Any:
         return to_elements(reply)  # type: ignore[arg-type]
     if task == "query_entities":
         return list(reply.entities)  # type: ignore[attr-defined]
+    if task == "passage":
+        return reply.passage  # type: ignore[attr-defined]
     return reply.answer  # type: ignore[attr-defined]

@@ -210,7 +210,9 @@ def run_ablation(workspace: Path, questions: list[Question], names: list[str] | 
         cache = ws.cache if os.access(ws.root, os.W_OK) else None
     except (OSError, WorkspaceError):
         cache = None
-    setup = Setup(retriever, ws.root, cache)
+    engine = api.make_engine(retriever.config, cache, retriever.embedder) \
+        if cache is not None and retriever.config.llm.engine != "offline" else None  # replies kept for a re-run
+    setup = Setup(retriever, ws.root, cache, engine=engine)
     result = AblationResult(rows=[], budgets=budgets, questions=len(questions), workspace=str(workspace),
                             strategies={n: {"kind": STRATEGIES[n].kind, "description": STRATEGIES[n].description}
                                         for n in names})
@@ -241,7 +243,7 @@ def run_ablation(workspace: Path, questions: list[Question], names: list[str] | 
                 row["kind"] = spec.kind
                 row["judged"], row["judge_accuracy"] = None, None
                 if answer:
-                    row["judged"], row["judge_accuracy"] = judge_budget(retriever.engine, questions,
+                    row["judged"], row["judge_accuracy"] = judge_budget(setup.engine, questions,
                                                                         captured.get(row["budget"], []))
                 result.rows.append({column: row.get(column) for column in COLUMNS})
     finally:
@@ -290,7 +292,7 @@ def judge_items(questions: list[Question], answers: list[str | None]) -> list[tu
 def judge_budget(engine, questions: list[Question], retrievals: list[Retrieval]) -> tuple[int, float | None]:
     """Answer every question from its context with the shared answer prompt, then judge each answer
     against the gold answers. Returns (answers judged, share judged correct)."""
-    answers = _answer_many(engine, [(r.question, r.context_text()) for r in retrievals])
+    answers = _answer_many(engine, [(r.question, r.context_text(numbered=True)) for r in retrievals])
     items = judge_items(questions, answers)
     asked = [item for item in items if item is not None]
     verdicts = [verdict(reply) for reply in _answer_many(engine, asked)] if asked else []

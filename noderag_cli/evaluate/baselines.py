@@ -27,10 +27,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..embeddings import Embedder
+from ..engines.base import Engine
 from ..nlp import terms
 from ..search import context
 from ..search.retriever import Retrieval, Retriever
-from ..workspace import EVALUATION_NAMESPACES, Cache, json_digest
+from ..workspace import Cache
 
 NAIVE_CANDIDATES = 100
 Strategy = Callable[[str, int], Retrieval]
@@ -50,6 +51,11 @@ class Setup:
     cache: Cache | None = None
     notes: list[str] = field(default_factory=list)
     _graph_side: GraphSide | None = field(default=None, repr=False)
+    engine: Engine | None = None  # for the LLM calls the evaluation adds (HyDE, answers, the judge); the
+    # retriever's, or one with the workspace's writable cache so that a re-run pays nothing
+
+    def __post_init__(self) -> None:
+        self.engine = self.engine or self.retriever.engine
 
     def graph_side(self) -> GraphSide:
         if self._graph_side is None:
@@ -262,10 +268,6 @@ def naive_rag(retriever: Retriever, question: str, budget: int) -> Retrieval:
     return result
 
 
-HYDE_PROMPT = "Please write a passage to answer the question.\nQuestion: {question}\nPassage:"
-"""The HyDE paper's instruction for web search (Gao et al. 2022, §4.1)."""
-
-
 def hyde(setup: Setup, question: str, budget: int) -> Retrieval:
     """HyDE (paper appendix B.2; Gao et al. 2022): the engine writes a hypothetical passage answering
     the question; the mean of its embedding and the question's searches the text chunks, as NaiveRAG
@@ -273,7 +275,7 @@ def hyde(setup: Setup, question: str, budget: int) -> Retrieval:
     retriever = setup.retriever
     question = retriever.check_question(question)
     started = time.perf_counter()
-    passage = llm_text(retriever.engine, HYDE_PROMPT.format(question=question), setup.cache)
+    passage = hypothetical_passage(setup, question)
     vectors = retriever.embedder.embed([question, passage])
     query = vectors.mean(axis=0)
     query /= max(float(np.linalg.norm(query)), 1e-12)
@@ -454,36 +456,9 @@ def hipporag(setup: Setup, question: str, budget: int) -> Retrieval:
     return _finish(retriever, question, kept, scores, started, entities)
 
 
-# --------------------------------------------------------------------------- LLM text for HyDE
-def llm_text(engine, prompt: str, cache: Cache | None = None, max_tokens: int = 256) -> str:
-    """One plain completion from the configured LLM (temperature from the config), cached in the
-    workspace cache under namespace "ablate". Raises StrategySkipped on the offline engine."""
-    config = getattr(engine, "config", None)
-    if config is None or not hasattr(engine, "_request_auth"):
-        raise StrategySkipped("needs an LLM engine (llm.engine: litellm); the offline engine writes no text")
-    key = json_digest({"model": config.model, "prompt": prompt, "temperature": config.temperature,
-                       "max_tokens": max_tokens})
-    if cache is not None:
-        hit = cache.get(EVALUATION_NAMESPACES[0], key)
-        if hit is not None:
-            return hit.decode("utf-8")
-    from ..engines.base import EngineError
-    from ..engines.llm import load_litellm
-
-    litellm = load_litellm()  # its price table local, no downloads: never `import litellm` directly
-
-    try:  # the engine's own auth (key from llm.api_key_env, api_base, local-server defaults)
-        response = litellm.completion(model=config.model, messages=[{"role": "user", "content": prompt}],
-                                         temperature=config.temperature, max_tokens=max_tokens,
-                                         timeout=config.timeout_seconds, num_retries=config.retries,
-                                         drop_params=True, **engine._request_auth())
-    except Exception as err:  # one line, never a key
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-        raise EngineError(f"LLM call for the ablation failed: {first}") from None
-    text = (response.choices[0].message.content or "").strip()
-    if cache is not None and text:
-        cache.put(EVALUATION_NAMESPACES[0], key, text.encode("utf-8"))
-    return text
+def hypothetical_passage(setup: Setup, question: str) -> str:
+    """HyDE's passage, through the engine (its limiter, retries, cache and accounting)."""
+    return setup.engine.passage(question)
 
 
 def _hyde_build(setup: Setup) -> Strategy:

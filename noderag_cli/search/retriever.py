@@ -8,6 +8,7 @@ tables and the scipy graph are loaded only if an evaluation strategy asks for th
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,23 +120,43 @@ class Retrieval:
     timings: dict[str, float] = field(default_factory=dict)
     answer: str | None = None
     smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
+    citations: list[dict] | None = None  # an LLM answer's [n]: the numbered context node each one names
+    invalid_citations: int = 0  # [n] in the answer that number no context node (left out of `citations`)
 
     @property
     def context_tokens(self) -> int:
         return sum(n.tokens for n in self.nodes)
 
-    def context_text(self) -> str:
-        """What the answer step reads: nodes grouped by type, each with its sources."""
+    def context_text(self, numbered: bool = False) -> str:
+        """What the answer step reads: nodes grouped by type, each with its sources; `numbered`:
+        each line starts with [n] (from 1), the number an LLM answer cites it by."""
         lines = []
-        for node in self.nodes:
+        for number, node in enumerate(self.nodes, 1):
             source = f" (from {', '.join(node.documents)})" if node.documents else ""
-            lines.append(f"[{node.type}] {node.text}{source}")
+            lines.append((f"[{number}] " if numbered else "") + f"[{node.type}] {node.text}{source}")
         return "\n".join(lines)
 
+    def cite(self) -> None:
+        """`citations` from the [n] (or [n, m]) markers of the answer: each number used, once, in
+        order, with its node's id and documents; a number outside the context is counted instead."""
+        self.citations, self.invalid_citations = [], 0
+        seen: set[int] = set()
+        for group in re.findall(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]", self.answer or ""):
+            for number in map(int, re.split(r"\s*[,;]\s*", group)):
+                if not 1 <= number <= len(self.nodes):
+                    self.invalid_citations += 1
+                elif number not in seen:
+                    seen.add(number)
+                    node = self.nodes[number - 1]
+                    self.citations.append({"n": number, "id": node.id, "documents": node.documents})
+
     def as_dict(self) -> dict:
-        return {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,
-                "query_entities": self.query_entities, "nodes": [n.as_dict() for n in self.nodes],
-                "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+        shown = {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,
+                 "query_entities": self.query_entities, "nodes": [n.as_dict() for n in self.nodes],
+                 "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+        if self.citations is not None:
+            shown |= {"citations": self.citations, "invalid_citations": self.invalid_citations}
+        return shown
 
 
 def _load_kernels() -> None:
@@ -560,7 +581,12 @@ class Retriever:
         return [RetrievedNode(*values) for values in zip(*columns, strict=True)]
 
     def answer(self, retrieval: Retrieval) -> Retrieval:
+        """The engine's answer. An LLM reads the context numbered and cites it ([n]); the offline
+        engine's extractive answer names each sentence's documents itself."""
         t0 = time.perf_counter()
-        retrieval.answer = self.engine.answer(retrieval.question, retrieval.context_text())
+        cites = self.config.llm.engine != "offline"
+        retrieval.answer = self.engine.answer(retrieval.question, retrieval.context_text(numbered=cites))
+        if cites:
+            retrieval.cite()
         retrieval.timings["answer_ms"] = (time.perf_counter() - t0) * 1000
         return retrieval

@@ -27,6 +27,7 @@ Actions (strings):
     foreign          a good reply whose first unit also names FOREIGN_ENTITY, which no input holds,
                      with a relationship to it
     cut_off          a good reply cut in half with finish_reason "length" (the output limit reached)
+    cite             an answer citing context lines [1], [2] and [99] (the last numbers no line)
 
 Every request is recorded (`server.records`): arrival time (time.monotonic), path, action,
 status, parsed body and the usage figures returned. With `upstream="http://host:port"` good
@@ -66,8 +67,8 @@ class Record:
 def _task_of(body: dict) -> str | None:
     messages = body.get("messages") or []
     system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
-    for name, spec in prompts.SPECS.items():
-        if system == spec.system:
+    for name, spec in prompts.SPECS.items():  # a built-in prompt, or one a user changed in its first line
+        if system == spec.system or spec.system.split("\n", 1)[1] in system:
             return name
     return None
 
@@ -135,6 +136,8 @@ def good_content(body: dict) -> dict:
         return {"entities": names[:2]}
     if task == "answer":
         return {"answer": f"Answer {tag}."}
+    if task == "passage":
+        return {"passage": f"Passage {tag}: {' '.join(names)} are described here."}
     return {"reply": "OK"}
 
 
@@ -296,6 +299,7 @@ class FaultServer:
             "echo": _system_text(body).partition("Shape:\n")[2],
             "foreign": json.dumps(foreign_content(body)),
             "cut_off": good[: max(1, len(good) // 2)],
+            "cite": json.dumps({"answer": "Josiah Penrake founded it [1][2], in 1888 [2, 99]."}),
             "truncated": good[: max(1, len(good) // 2)],
             "wrong_shape": json.dumps({"result": "nothing", "items": 3}),
             "prose": "I am sorry, I cannot help with that request.",
