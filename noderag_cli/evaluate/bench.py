@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     sections.append(_module_section("tests.llm_support.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
     sections.append(_module_section("benchmarks.bench_startup", [], "Start-up", 600))
+    sections.append(_module_section("benchmarks.bench_estimate", [], "Dry-run estimate", 900))
     sections.append(_module_section("benchmarks.bench_generations", data_args, "Opening a workspace", 5400))
     sections.append(_module_section("benchmarks.bench_clustered", data_args, "The clustered paths", 1800))
     if (args.data / "musique").is_dir():

@@ -1,0 +1,82 @@
+"""How close `index --dry-run`'s LLM estimate comes to what the run then sends.
+
+The sample corpus, indexed through the fault server of tests/llm_support in its "rich" mode (a
+valid reply derived from each request: a unit per sentence, its capitalised words as entities),
+whose replies make the actual requests known. Estimated: `api.plan`. Actual: every task request
+the server received, its prompt and reply tokens counted with the same tokenizer the estimate
+uses (the server's own usage figures count words). Target: calls and tokens within ±30%.
+
+    python -m benchmarks.bench_estimate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from noderag_cli import api
+from noderag_cli.engines.llm import count_tokens
+from tests.llm_support.fault_server import FaultServer, _task_of, rich_content
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "openai/fault-model"
+TARGET = 0.30
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=ROOT / "sample_corpus")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch, FaultServer(default="rich") as server:
+        config = Path(scratch) / "fault.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": MODEL, "api_base": server.url,
+                                                  "concurrency": 8}}))
+        workspace = Path(scratch) / "ws"
+        estimate = api.plan(workspace, args.corpus, config_path=config)["llm"]["tasks"]
+        api.index(workspace, args.corpus, config_path=config)
+        actual: dict[str, dict[str, int]] = {}
+        for record in server.completions():
+            task = _task_of(record.body)
+            if task is None or record.status != 200:  # the connection check, which the estimate leaves out
+                continue
+            row = actual.setdefault(task, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
+            row["calls"] += 1
+            row["input_tokens"] += count_tokens(MODEL, record.body["messages"])
+            reply = json.dumps(rich_content(record.body))
+            row["output_tokens"] += count_tokens(MODEL, [{"role": "assistant", "content": reply}])
+    lines = ["## Dry-run estimate against the run", "",
+             f"`python -m benchmarks.bench_estimate`: {args.corpus.name}, fault server in rich mode; estimate from "
+             "`noderag index --dry-run`, actual from the requests the server received (same tokenizer).", "",
+             "| task | calls est. / actual | input tokens est. / actual | output tokens est. / actual |",
+             "|---|---:|---:|---:|"]
+    worst = 0.0
+    keys = ("calls", "input_tokens", "output_tokens")
+    totals = {"est": dict.fromkeys(keys, 0), "act": dict.fromkeys(keys, 0)}
+    for task in sorted(set(estimate) | set(actual)):
+        est, act = estimate.get(task, {}), actual.get(task, dict.fromkeys(keys, 0))
+        cells = []
+        for key in keys:
+            totals["est"][key] += est.get(key, 0)
+            totals["act"][key] += act[key]
+            ratio = est.get(key, 0) / act[key] if act[key] else float("nan")
+            cells.append(f"{est.get(key, 0):,} / {act[key]:,} ({ratio:.2f})")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    total_cells = []
+    for key in keys:
+        ratio = totals["est"][key] / totals["act"][key] if totals["act"][key] else float("nan")
+        worst = max(worst, abs(ratio - 1)) if ratio == ratio else worst
+        total_cells.append(f"{totals['est'][key]:,} / {totals['act'][key]:,} ({ratio:.2f})")
+    lines.append("| **total** | " + " | ".join(total_cells) + " |")
+    verdict = "met" if worst <= TARGET else "NOT met"
+    lines += ["", f"Largest deviation of the run's totals {worst:.0%}, against a target of at most {TARGET:.0%}: "
+              f"{verdict}."]
+    print("\n".join(lines))
+    return 0 if worst <= TARGET else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
