@@ -24,8 +24,10 @@ What it does for every task item (see `prompts.py` for the prompts and reply sha
   tokens (from each response's `usage`) and cost (litellm's price table; a model without a
   price costs 0 and sets `price_known = False`) per task in `stats`.
 
-`check_connection()` makes one tiny call (accounted under the task "check_connection") and
-raises `EngineError` for a missing key variable, an unroutable model or an unreachable server.
+`check_connection()` makes one tiny call and raises `EngineError` for a missing key variable, an
+unroutable model or an unreachable server; with `check_before_first_call` (the CLI's runs) it is
+made before the first request a run sends, and accounted under that request's task, so a run the
+cache answers whole sends nothing. Replies are grounded in their input (`grounding.py`).
 `query_entities` returns [] and `answer` raises EngineError when the model gives nothing usable;
 `query_entities_batch` and `answer_batch` return `Failure`s like the indexing tasks.
 
