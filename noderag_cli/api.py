@@ -18,15 +18,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from .config import Config, ConfigError, SearchConfig, load_config
+from .config import Config, SearchConfig, load_config
 from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
-from .evaluate.datasets import Question, QuestionFileError, read_jsonl
+from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
+from .evaluate.datasets import Question, read_jsonl
 from .executor import make_executor
 from .graph import NODE_TYPES
 from .index import assemble
-from .index.chunk import InputError, check_input_folder, document_chunks, scan
+from .index.chunk import check_input_folder, document_chunks, scan
 from .index.decompose import cache_key
 from .index.pipeline import (
     STAGES,
@@ -42,11 +43,8 @@ from .index.pipeline import (
 )
 from .workspace import (
     Cache,
-    DamagedError,
     Generation,
-    NoBuildError,
     Workspace,
-    WorkspaceError,
     atomic_write_bytes,
     cache_damage,
     repair_hint,

@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand
 
-EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_WORKSPACE, EXIT_ENGINE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_INTERRUPTED = 1, 2, 130  # the others: errors.py, one base per code
 
 CONFIG_DEFAULTS = {"budget": "search.budget_tokens", "top_k": "search.vector_top_k",
                    "iterations": "search.ppr_iterations", "alpha": "search.ppr_alpha"}
@@ -130,24 +130,15 @@ def _json_mode(as_json: bool) -> None:
 
 
 def _run(action):
-    """Map the API's errors to one-line messages and exit codes."""
-    from .config import ConfigError
-    from .engines.base import EngineError
-    from .evaluate.datasets import QuestionFileError
-    from .index.chunk import InputError
-    from .search import QueryError
-    from .workspace import WorkspaceError
+    """The API's errors as one-line messages and their exit codes (errors.py: one base per code)."""
+    from .errors import NoderagError
 
     try:
         return action()
-    except (ConfigError, InputError, QueryError, QuestionFileError) as err:
-        raise _fail(str(err), EXIT_INPUT) from None
-    except WorkspaceError as err:
-        raise _fail(str(err), EXIT_WORKSPACE) from None
+    except NoderagError as err:
+        raise _fail(str(err), err.exit_code) from None
     except KeyboardInterrupt:
         raise _fail("interrupted; run the same command again to resume", EXIT_INTERRUPTED) from None
-    except EngineError as err:
-        raise _fail(str(err), EXIT_ENGINE) from None
 
 
 def _table(title: str | None, columns: list[str], right: tuple[str, ...] = ()):
@@ -332,7 +323,7 @@ def _print_plan(plan: dict) -> None:
 def _answer_lines(session, questions: Path, items: list, answer: bool) -> int:
     """`--questions`: one JSON line out per line in, in order; a bad line, or a question that cannot
     be searched, gets `{"line", "error"}` in its place and the run goes on. Exit 1 if any failed."""
-    from .search import QueryError
+    from .errors import QueryError
 
     failed = 0
     for number, item in items:
@@ -636,12 +627,9 @@ def ablate(
         lines = _AblateLines() if bars is None else None
         progress = lines or _AblateBars(bars)
         reporter = lines or RichReporter(bars)
-        try:
-            result = _run(lambda: ablation.run_from_args(
-                workspace, questions, dataset, data, variants, budgets, out_dir, config, answer, limit,
-                progress=progress, reporter=reporter))
-        except ablation.AblationInputError as err:
-            raise _fail(str(err), EXIT_INPUT) from None
+        result = _run(lambda: ablation.run_from_args(
+            workspace, questions, dataset, data, variants, budgets, out_dir, config, answer, limit,
+            progress=progress, reporter=reporter))
     if ablation.PNG_SKIPPED in result.notes:
         _say("note:", "cyan", ablation.PNG_SKIPPED)
     if as_json:

@@ -22,15 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .errors import WorkspaceError
 from .index.pipeline import STAGES
-from .workspace import (
-    CACHE_KEYS,
-    CACHE_TABLE,
-    GENERATIONS_DIR,
-    Workspace,
-    WorkspaceError,
-    cache_damage,
-)
+from .workspace import CACHE_KEYS, CACHE_TABLE, GENERATIONS_DIR, Workspace, cache_damage
 
 
 def _size(path: Path) -> int:

@@ -12,6 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .errors import ConfigError
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -141,10 +143,6 @@ class Config(_Section):
             return {"engine": "offline"}
         return {"engine": "litellm", "model": self.llm.model, "temperature": self.llm.temperature,
                 "max_output_tokens": self.llm.max_output_tokens, "grounding": self.llm.grounding}
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be read or does not validate."""
 
 
 def load_config(path: Path | None = None, overrides: dict | None = None) -> Config:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nlp
-from .config import ConfigError, EmbeddingConfig
+from .config import EmbeddingConfig
+from .errors import ConfigError
 from .executor import Executor
 from .ivf import in_parallel
 from .workspace import Cache

@@ -19,7 +19,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import ConfigError, ExecutorConfig, LLMConfig
+from .config import ExecutorConfig, LLMConfig
+from .errors import ConfigError
 
 MAX_RETRIES = 3  # runs of a task whose worker died, before the run fails
 

@@ -52,6 +52,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import DamagedError, NoBuildError, WorkspaceError
+
 FORMAT_VERSION = 1
 GENERATION_FORMAT = 1
 CACHE_FILE = "cache.sqlite"
@@ -63,18 +65,6 @@ GENERATIONS_DIR = "generations"
 READERS_FILE = ".readers"
 LEGACY_FINAL = ("nodes.parquet", "edges.parquet", "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
-
-
-class WorkspaceError(RuntimeError):
-    """A workspace that cannot be used as asked (locked, not indexed, damaged, wrong model...)."""
-
-
-class NoBuildError(WorkspaceError):
-    """A workspace with no complete build to read yet."""
-
-
-class DamagedError(WorkspaceError):
-    """A workspace file that is missing, truncated or altered; the message names it and the repair."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -17,16 +17,6 @@ Progress = Callable[[int], None]
 """Called with the number of items just finished, so a stage can advance its bar."""
 
 
-class EngineError(RuntimeError):
-    """The engine cannot work as configured (no key, unknown provider, unreachable server...).
-
-    The message is always one line, safe to print as is; it never contains a key.
-    """
-
-    def __init__(self, message: str):
-        line = " ".join(str(message).split())
-        super().__init__(line if len(line) <= 300 else line[:297] + "...")
-
 
 @dataclass(frozen=True)
 class Unit:

@@ -67,7 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, EmbeddingConfig, LLMConfig
+from ..config import EmbeddingConfig, LLMConfig
+from ..errors import ConfigError, EngineError
 from ..workspace import Cache
 from . import grounding, prompts
 from .base import (
@@ -75,7 +76,6 @@ from .base import (
     ChunkInput,
     CommunityInput,
     Element,
-    EngineError,
     EngineStats,
     Failure,
     Progress,

@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import AblationInputError, WorkspaceError
 from ..search.retriever import Retrieval
-from ..workspace import Workspace, WorkspaceError
+from ..workspace import Workspace
 from .baselines import BASELINES, Setup, Strategy, StrategySkipped, StrategySpec
 from .datasets import Question, load_hotpotqa, load_musique, read_jsonl
 from .run import evaluate
@@ -49,10 +50,6 @@ JUDGE_INSTRUCTION = (
 )
 OFFLINE_JUDGE_NOTE = ("--answer: judging needs an LLM engine (llm.engine: litellm in the config); the offline "
                       "engine only extracts sentences, so answers were not generated or judged")
-
-
-class AblationInputError(ValueError):
-    """Bad input to an ablation run (unknown strategy, bad budget, unusable output folder...)."""
 
 
 # --------------------------------------------------------------------------- input
@@ -100,7 +97,7 @@ def check_output_dir(path: Path) -> Path:
 
 def read_questions(path: Path) -> tuple[list[Question], list[str]]:
     """Our JSONL; malformed lines are reported (with their line numbers) and skipped."""
-    from .datasets import QuestionFileError
+    from ..errors import QuestionFileError
 
     try:
         questions, problems = read_jsonl(Path(path))

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import QuestionFileError
 from ..workspace import atomic_write_bytes
 
 
@@ -20,10 +21,6 @@ class Question:
     answers: list[str]
     supporting_documents: list[str] = field(default_factory=list)  # document paths in the workspace
     line: int = 0
-
-
-class QuestionFileError(ValueError):
-    pass
 
 
 BLANK_LINE = "blank line, no question"

@@ -25,9 +25,10 @@ import pyarrow.compute as pc
 from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
+from ..errors import WorkspaceError
 from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
 from ..search.prepare import prepare
-from ..workspace import Generation, Workspace, WorkspaceError
+from ..workspace import Generation, Workspace
 
 NODE_STAGES = ("decompose", "attributes", "communities", "text")  # the stages that make nodes
 EDGE_STAGES = (*NODE_STAGES, "similarity")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .. import nlp
+from ..errors import InputError
 from ..executor import Executor
 from ..graph import chunk_id, document_id
 from ..workspace import json_digest
@@ -47,10 +48,6 @@ CHUNK_SCHEMA = pa.schema(
         ("tokens", pa.int32()),
     ]
 )
-
-
-class InputError(RuntimeError):
-    """The input folder cannot be indexed at all."""
 
 
 @dataclass

@@ -43,13 +43,13 @@ from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
+from ..errors import WorkspaceError
 from ..executor import Executor
 from ..graph import NODE_TYPES, edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import (
     CACHE_KEYS,
     Workspace,
-    WorkspaceError,
     atomic_write_bytes,
     atomic_write_with,
     file_digest,

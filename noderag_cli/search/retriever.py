@@ -21,8 +21,9 @@ from .. import ivf
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder
 from ..engines.base import Engine
+from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
-from ..workspace import Generation, WorkspaceError
+from ..workspace import Generation
 from . import QueryError, context
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr
