@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from .config import Config, SearchConfig, load_config
+from .config import Config, SearchConfig, changed, load_config
 from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
@@ -146,6 +146,10 @@ class Session:
         """The build the answers come from ("" for a workspace of the older layout)."""
         return self.retriever.generation.name
 
+    def search_settings(self, **changes) -> SearchConfig:
+        """This session's search settings with some changed (validated: ConfigError), for `params`."""
+        return changed(self.retriever.config.search, **changes)
+
     def retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
         return self.retriever.retrieve(question, params)
 
@@ -168,16 +172,15 @@ COMPILED_FROM_QUESTIONS = 1000
 (they save about half a millisecond per question); the CLI opens smaller batches without them."""
 
 
-def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None,
-                 overrides: dict | None = None) -> Config:
+def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None) -> Config:
     """The config to search a build with: the file given (searching with the build's own embedding
     model when it names none), else the config the build was made with."""
     own_path = ws.config_path if generation.legacy else generation.path("config.yaml")
     own_file = own_path if own_path.is_file() else None
     if config_path is None:
-        return load_config(own_file, overrides)
+        return load_config(own_file)
     own = load_config(own_file)
-    config = load_config(config_path, overrides)
+    config = load_config(config_path)
     if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
         config = config.model_copy(update={"embedding": own.embedding})
     if _model_of(config.embedding) != _model_of(own.embedding):
@@ -189,7 +192,7 @@ def build_config(generation: Generation, ws: Workspace, config_path: Path | None
 
 
 def open_workspace(workspace: str | Path, config: Config | None = None, config_path: Path | None = None,
-                   overrides: dict | None = None, compiled: bool = True) -> Session:
+                   compiled: bool = True) -> Session:
     """Open a workspace's current build for search, without writing anything to it. A config file
     given here that names no embedding section searches with the build's own embedding model; one
     that names another model is refused. `compiled`: run the walk, the selection and the budget as
@@ -198,7 +201,7 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
     generation = ws.open_generation()
     try:
         if config is None:
-            config = build_config(generation, ws, config_path, overrides)
+            config = build_config(generation, ws, config_path)
         from .search.retriever import Retriever
 
         embedder = Embedder(config.embedding, None)

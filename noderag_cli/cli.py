@@ -260,15 +260,8 @@ def index(
         reporter = RichReporter(bars) if bars is not None else LineReporter()
         result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter,
                                         overrides=overrides))
-    summary = {"workspace": str(workspace), "seconds": round(result.seconds, 3), "nodes": result.node_counts,
-               "edges": result.edge_count, "documents": result.documents,
-               "skipped_files": [{"path": p, "reason": r} for p, r in result.skipped_files],
-               "failures": result.failures,
-               "rate_limited": {"waits": result.rate_limit_waits, "seconds": round(result.rate_limit_seconds, 1)},
-               "stages": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                          for k, v in result.stages.items()}}
     if as_json:
-        _print_json(summary)
+        _print_json({"workspace": str(workspace), **result.as_dict()})
     else:
         table = _table(f"indexed {workspace} in {result.seconds:.1f}s", ["stage", "seconds", "result"], ("seconds",))
         for stage, info in result.stages.items():
@@ -320,7 +313,7 @@ def _print_plan(plan: dict) -> None:
         out.print(table)
 
 
-def _answer_lines(session, questions: Path, items: list, answer: bool) -> int:
+def _answer_lines(session, questions: Path, items: list, answer: bool, params) -> int:
     """`--questions`: one JSON line out per line in, in order; a bad line, or a question that cannot
     be searched, gets `{"line", "error"}` in its place and the run goes on. Exit 1 if any failed."""
     from .errors import QueryError
@@ -330,7 +323,7 @@ def _answer_lines(session, questions: Path, items: list, answer: bool) -> int:
         error = item if isinstance(item, str) else None
         if error is None:
             try:
-                result = session.ask(item.question, answer=answer)
+                result = session.ask(item.question, answer=answer, params=params)
             except QueryError as err:
                 error = str(err)
         if error is not None:
@@ -369,17 +362,18 @@ def query(
     _json_mode(as_json or questions is not None)
     if (question is None) == (questions is None):
         raise _fail("give either a QUESTION or --questions FILE", EXIT_INPUT)
-    overrides = {k: v for k, v in {"search.budget_tokens": budget, "search.vector_top_k": top_k,
-                                   "search.ppr_iterations": iterations, "search.ppr_alpha": alpha}.items() if v is not None}
+    changes = {k: v for k, v in {"budget_tokens": budget, "vector_top_k": top_k, "ppr_iterations": iterations,
+                                 "ppr_alpha": alpha}.items() if v is not None}
     items = _run(lambda: read_question_lines(questions)) if questions is not None else []
     compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
-    session = _run(lambda: api.open_workspace(workspace, config_path=config, overrides=overrides, compiled=compiled))
+    session = _run(lambda: api.open_workspace(workspace, config_path=config, compiled=compiled))
+    params = _run(lambda: session.search_settings(**changes))
     if questions is not None:
-        code = _run(lambda: _answer_lines(session, questions, items, not context_only))
+        code = _run(lambda: _answer_lines(session, questions, items, not context_only, params))
         if code:
             raise typer.Exit(code)
         return
-    result = _run(lambda: session.ask(question, answer=not context_only))
+    result = _run(lambda: session.ask(question, answer=not context_only, params=params))
     if as_json:
         _print_json(result.as_dict())
         return
@@ -388,7 +382,7 @@ def query(
     if show_context or context_only:
         _print_context(result)
     if not result.nodes:
-        budget_tokens = session.retriever.config.search.budget_tokens
+        budget_tokens = params.budget_tokens
         if result.smallest_match_tokens > budget_tokens:
             _warn(f"the budget of {budget_tokens} tokens is smaller than the smallest matching node "
                   f"({result.smallest_match_tokens} tokens); raise --budget")

@@ -145,6 +145,16 @@ class Config(_Section):
                 "max_output_tokens": self.llm.max_output_tokens, "grounding": self.llm.grounding}
 
 
+def changed(section: _Section, **changes):
+    """A copy of a config section with some settings changed, validated like a config file
+    (ConfigError, one line): how the CLI's flags and the ablation variants set search settings."""
+    try:
+        return type(section).model_validate({**section.model_dump(), **changes})
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
 def load_config(path: Path | None = None, overrides: dict | None = None) -> Config:
     data: dict = {}
     if path is not None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import SearchConfig
+from ..config import SearchConfig, changed
 from ..search.retriever import Retriever
 from .baselines import Strategy, StrategySpec, vector_context
 
@@ -52,10 +52,11 @@ def iterations_to_converge(alpha: float, variant: str, tolerance: float = CONVER
 
 def search_params(base: SearchConfig, budget: int, overrides: dict) -> SearchConfig:
     """The variant's settings, validated; ppr_iterations None means "run to convergence"."""
-    settings = {**base.model_dump(), **overrides, "budget_tokens": budget}
+    settings = {**overrides, "budget_tokens": budget}
     if settings.get("ppr_iterations", 0) is None:
-        settings["ppr_iterations"] = iterations_to_converge(settings["ppr_alpha"], settings["ppr_variant"])
-    return SearchConfig.model_validate(settings)
+        settings["ppr_iterations"] = iterations_to_converge(settings.get("ppr_alpha", base.ppr_alpha),
+                                                            settings.get("ppr_variant", base.ppr_variant))
+    return changed(base, **settings)
 
 
 def _search(retriever: Retriever, **overrides) -> Strategy:

@@ -87,6 +87,15 @@ class IndexResult:
     rate_limit_waits: int = 0  # 429 replies the LLM engine waited out in this run
     rate_limit_seconds: float = 0.0
 
+    def as_dict(self) -> dict:
+        """The summary `index --json` prints (README)."""
+        return {"seconds": round(self.seconds, 3), "nodes": self.node_counts, "edges": self.edge_count,
+                "documents": self.documents, "skipped_files": [{"path": p, "reason": r} for p, r in self.skipped_files],
+                "failures": self.failures,
+                "rate_limited": {"waits": self.rate_limit_waits, "seconds": round(self.rate_limit_seconds, 1)},
+                "stages": {name: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()}
+                           for name, info in self.stages.items()}}
+
 
 @dataclass
 class StageRun:
