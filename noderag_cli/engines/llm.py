@@ -277,10 +277,6 @@ class _CallFailed(Exception):
         self.category = category
 
 
-class _FormatRefused(Exception):
-    """The server rejected `response_format`: try again with a weaker structured-output mode."""
-
-
 def _status(err: BaseException) -> int | None:
     code = getattr(err, "status_code", None)
     if code is None:

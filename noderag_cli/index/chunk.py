@@ -222,11 +222,6 @@ def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> l
     return [[(c, next(counts)) for c in own] for own in chunks]
 
 
-def chunk_text(text: str, max_tokens: int, overlap_tokens: int = 0) -> list[str]:
-    """One text's chunks (see chunk_texts)."""
-    return [c for c, _ in chunk_texts([text], max_tokens, overlap_tokens)[0]]
-
-
 def _pack(pieces: list[tuple[str, int]], max_tokens: int, overlap_tokens: int) -> list[str]:
     chunks: list[str] = []
     current: list[tuple[str, int]] = []
