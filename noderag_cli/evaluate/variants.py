@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 
 from ..config import SearchConfig, changed
+from ..graph import EMBEDDED_TYPES
+from ..search.prepare import SCANNED
 from ..search.retriever import Retriever
 from .baselines import Strategy, StrategySpec, vector_context
 
@@ -81,9 +83,9 @@ def _variants() -> dict[str, StrategySpec]:
         StrategySpec("ppr-converge", "ablation", "deep PPR, run to convergence (figure 4)",
                      lambda s: _search(s.retriever, ppr_iterations=None)),
         StrategySpec("no-cross", "ablation", "no cross nodes: vector top-k over all embedded nodes, no walk (table 2)",
-                     lambda s: lambda q, b: vector_context(s.retriever, q, b, ("T", "S", "A", "H"))),
+                     lambda s: lambda q, b: vector_context(s.retriever, q, b, EMBEDDED_TYPES)),
         StrategySpec("graph-vector", "ablation", "vector search over graph nodes S, A, H only (table 2; vs naive)",
-                     lambda s: lambda q, b: vector_context(s.retriever, q, b, ("S", "A", "H"))),
+                     lambda s: lambda q, b: vector_context(s.retriever, q, b, SCANNED)),
         StrategySpec("no-exact", "ablation", "dual search without the exact side (table 2)",
                      lambda s: _search(s.retriever, use_exact=False)),
         StrategySpec("no-hnsw", "ablation", "no HNSW similarity edges in the walk (table 2)",

@@ -14,10 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..embeddings import Embedder
-
-EMBEDDED = ("T", "S", "A", "H")
+from ..graph import EMBEDDED_TYPES
 
 
 def run(nodes: pa.Table, embedder: Embedder) -> tuple[list[str], np.ndarray]:
-    embedded = nodes.filter(pc.is_in(nodes["type"], pa.array(EMBEDDED))).sort_by("id")
+    embedded = nodes.filter(pc.is_in(nodes["type"], pa.array(EMBEDDED_TYPES))).sort_by("id")
     return embedded["id"].to_pylist(), embedder.embed(embedded["text"].to_pylist())
