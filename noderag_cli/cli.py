@@ -45,7 +45,7 @@ EXIT_FAILED_ITEMS, EXIT_INPUT, EXIT_INTERRUPTED = 1, 2, 130  # the others: error
 
 CONFIG_DEFAULTS = {"budget": "search.budget_tokens", "top_k": "search.vector_top_k",
                    "iterations": "search.ppr_iterations", "alpha": "search.ppr_alpha"}
-"""Options whose default is a config setting; `--help` shows the setting and its default value."""
+"""`query` options that set a search setting: `--help` shows its default, a given value changes it."""
 
 
 class Command(TyperCommand):
@@ -362,8 +362,8 @@ def query(
     _json_mode(as_json or questions is not None)
     if (question is None) == (questions is None):
         raise _fail("give either a QUESTION or --questions FILE", EXIT_INPUT)
-    changes = {k: v for k, v in {"budget_tokens": budget, "vector_top_k": top_k, "ppr_iterations": iterations,
-                                 "ppr_alpha": alpha}.items() if v is not None}
+    flags = {"budget": budget, "top_k": top_k, "iterations": iterations, "alpha": alpha}
+    changes = {CONFIG_DEFAULTS[flag].split(".")[1]: value for flag, value in flags.items() if value is not None}
     items = _run(lambda: read_question_lines(questions)) if questions is not None else []
     compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
     session = _run(lambda: api.open_workspace(workspace, config_path=config, compiled=compiled))
