@@ -319,11 +319,7 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
     `verify`, every file of the current build is checked against its recorded checksum, and the
     cache against SQLite's own check: a mismatch raises WorkspaceError naming the file."""
     ws = Workspace(Path(workspace))
-    if not ws.root.is_dir():
-        raise WorkspaceError(f"workspace not found: {ws.root}" if not ws.root.exists()
-                             else f"{ws.root} is a file, not a workspace folder")
-    if not ws.exists():
-        raise WorkspaceError(f"{ws.root} is not a noderag workspace (no manifest.json)")
+    ws.check_indexed()
     manifest = ws.read_manifest()
     recorded = manifest.get("stages", {})
     ordered = {stage.name: recorded[stage.name] for stage in STAGES if stage.name in recorded}

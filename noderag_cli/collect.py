@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import WorkspaceError
 from .index.pipeline import STAGES
 from .workspace import CACHE_KEYS, CACHE_TABLE, GENERATIONS_DIR, Workspace, cache_damage
 
@@ -106,11 +105,7 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
 def collect(workspace: Path, dry_run: bool = False) -> dict:
     """What `noderag gc` removes (with `dry_run`, would remove) and how many bytes that frees."""
     ws = Workspace(Path(workspace))
-    if not ws.root.is_dir():
-        raise WorkspaceError(f"workspace not found: {ws.root}" if not ws.root.exists()
-                             else f"{ws.root} is a file, not a workspace folder")
-    if not ws.exists():
-        raise WorkspaceError(f"{ws.root} is not a noderag workspace (no manifest.json)")
+    ws.check_indexed()
     with ws.lock():
         manifest = ws.read_manifest()
         current = ws.current_name()

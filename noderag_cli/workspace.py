@@ -605,6 +605,18 @@ class Workspace:
     def exists(self) -> bool:
         return self.manifest_path.is_file()
 
+    def check_folder(self) -> None:
+        """WorkspaceError unless the workspace path is an existing folder."""
+        if not self.root.is_dir():
+            raise WorkspaceError(f"workspace not found: {self.root}" if not self.root.exists()
+                                 else f"{self.root} is a file, not a workspace folder")
+
+    def check_indexed(self) -> None:
+        """WorkspaceError unless the path is a folder that an `index` run has made a workspace."""
+        self.check_folder()
+        if not self.exists():
+            raise WorkspaceError(f"{self.root} is not a noderag workspace (no manifest.json)")
+
     def indexing_pid(self) -> int | None:
         """The pid of the `index` run holding the lock at this moment (0 when it wrote none yet), or
         None when no run holds it; asked without writing anything."""
@@ -754,9 +766,7 @@ class Workspace:
         """The current build, held against removal until `close`. Never writes: a read-only
         workspace opens the same way. Raises WorkspaceError (one line) when there is no
         complete build, or when a file of it is missing or has the wrong size."""
-        if not self.root.is_dir():
-            raise WorkspaceError(f"workspace not found: {self.root}" if not self.root.exists()
-                                 else f"{self.root} is a file, not a workspace folder")
+        self.check_folder()
         for _ in range(200):  # a generation removed between reading CURRENT and locking it: resolve again
             name = self.current_name()
             if name is None:
