@@ -257,8 +257,10 @@ class Cache:
         self.put_many(ns, [(key, value)])
 
     def delete_many(self, ns: str, keys: Iterable[str]) -> int:
-        """Remove entries; returns how many there were."""
+        """Remove entries; returns how many there were. A recording forgets them: they are not needed."""
         rows = [(ns, key) for key in keys]
+        if self._touched is not None and ns in self._touched:
+            self._touched[ns].difference_update(key for _, key in rows)
         if not rows or self.read_only:
             return 0
         with self._lock:
