@@ -35,7 +35,7 @@ def candidate_recall(workspace: Path) -> float:
     from noderag_cli.index import similarity_edges as se
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    index, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # the index owns the mapping
+    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
     keys = se.keys(ids, vectors)
     exact = se.neighbour_lists(keys, vectors, 64).candidates[:, :64]
     clustered = se.clustered_lists(keys, vectors, 64, 42, SimilarityConfig().probes, se.ASSIGN).candidates[:, :64]

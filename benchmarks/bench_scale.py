@@ -139,7 +139,7 @@ def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | Non
 
     config = load_config(workspace / "config.yaml")
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    index, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # the index owns the mapping
+    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
     n, k = len(ids), config.similarity.neighbours
     if n < config.similarity.exact_below:
         return 1.0
@@ -176,7 +176,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli.search.retriever import inner_products_at, probe_top
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    flat, vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")  # `flat` owns the mapping
+    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
     lines = ["| embedded nodes | exact lists s | clustered lists s | clustered recall@64 |", "|---:|---:|---:|---:|"]
     probes = SimilarityConfig().probes
     for n in sorted(set(exact_sizes) | set(clustered_sizes)):

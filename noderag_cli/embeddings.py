@@ -22,10 +22,11 @@ from . import nlp
 from .config import EmbeddingConfig
 from .errors import ConfigError
 from .executor import Executor
-from .ivf import in_parallel
+from .ivf import in_parallel, on_stored_grid
 from .workspace import Cache
 
 POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise are not mixed in
+STORED = "fp16"  # part of a vector's identity: rounded to the precision a build stores (ivf.on_stored_grid)
 EMBED_BATCH = 4096  # texts per batch of work
 POOL_TOKENS = 4096  # tokens gathered at a time: 4 MB of vectors stay in cache (65,536 took 50% longer)
 
@@ -105,8 +106,9 @@ def load_model(config: EmbeddingConfig) -> TokenTable:
 
 
 def normalised(vectors: np.ndarray) -> np.ndarray:
+    """Unit rows, rounded to the precision a build stores them in."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
+    return on_stored_grid(vectors / np.where(norms == 0, 1, norms))
 
 
 def embed_bundled(job: tuple[EmbeddingConfig, list[str]]) -> np.ndarray:
@@ -122,8 +124,9 @@ class Embedder:
         self.cache = cache
         self.executor = executor
         self.model_id = f"{config.backend}:{config.model}:{config.dim}"
-        # what decides a vector's bits: the model and, for the bundled one, how it is pooled
-        self.vector_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
+        # what a model's reply is cached under: the model and, for the bundled one, how it is pooled
+        self._computed_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
+        self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
 
@@ -154,10 +157,10 @@ class Embedder:
         self._memo.update(zip(texts, vectors, strict=True))
 
     def cache_key(self, text: str) -> str:
-        return hashlib.blake2b(f"{self.vector_id}\x1f{text}".encode(), digest_size=16).hexdigest()
+        return hashlib.blake2b(f"{self._computed_id}\x1f{text}".encode(), digest_size=16).hexdigest()
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 vectors, one row per text: from this embedder's memory (the stages
+        """L2-normalised float32 vectors on the stored (half-precision) grid, one row per text: from this embedder's memory (the stages
         of one run ask for the same texts, and an update's unchanged nodes come with the last
         build's vectors), else computed. The bundled model's vectors are computed on the
         executor's workers and never cached: they cost less to compute than to read back, and the
@@ -183,7 +186,7 @@ class Embedder:
                 if blob is None:
                     fresh.append((text, key))
                 else:
-                    self._memo[text] = np.frombuffer(blob, dtype=np.float32)
+                    self._memo[text] = on_stored_grid(np.frombuffer(blob, dtype=np.float32))  # cached before rounding
             for start in range(0, len(fresh), EMBED_BATCH):
                 part = fresh[start : start + EMBED_BATCH]
                 vectors = normalised(self._compute([text for text, _ in part]))

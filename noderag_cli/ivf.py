@@ -147,11 +147,23 @@ class Clusters:
         return indptr, rows[order]
 
 
-def flat_index(vectors: np.ndarray) -> faiss.IndexFlatIP:
-    """The vector index a build holds: exact inner product over the L2-normalised rows."""
-    index = faiss.IndexFlatIP(vectors.shape[1])
+STORED_DTYPE = np.float16  # the precision a build stores its vectors in
+
+
+def on_stored_grid(vectors: np.ndarray) -> np.ndarray:
+    """float32 vectors rounded to the precision a build stores (half): the embedder returns every
+    vector so, so that a vector read back from a build is the same bits as one computed afresh
+    (an update equals a fresh build) and storing it loses nothing. Half precision keeps a cosine
+    to about 1e-3, far below what separates neighbours, for half the disk of float32."""
+    return np.asarray(vectors, np.float32).astype(STORED_DTYPE).astype(np.float32)
+
+
+def flat_index(vectors: np.ndarray) -> faiss.Index:
+    """The vector index a build holds: inner product over the L2-normalised rows, each stored in
+    half precision (`on_stored_grid`)."""
+    index = faiss.IndexScalarQuantizer(vectors.shape[1], faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
     if len(vectors):
-        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        index.add(np.ascontiguousarray(on_stored_grid(vectors)))
     return index
 
 
@@ -164,16 +176,19 @@ class _Owned:
         self.__array_interface__ = rows.__array_interface__
 
 
-def flat_vectors(index: faiss.Index) -> np.ndarray:
-    """The float32 rows of a flat index, as a view on its codes (memory-mapped when it was read so)
-    that keeps the index alive."""
+def stored_vectors(index: faiss.Index) -> np.ndarray:
+    """The rows of a build's vector index as they are stored, a view on its codes (memory-mapped
+    when it was read so) that keeps the index alive: half precision, or float32 in a build made
+    before vectors were stored in half (a flat index)."""
+    dtype = np.float32 if isinstance(index, faiss.IndexFlat) else STORED_DTYPE
     if index.ntotal == 0:
-        return np.zeros((0, index.d), np.float32)
-    codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * index.d * 4)
-    return np.asarray(_Owned(index, codes.view(np.float32).reshape(index.ntotal, index.d)))
+        return np.zeros((0, index.d), dtype)
+    width = np.dtype(dtype).itemsize
+    codes = faiss.rev_swig_ptr(index.codes.data(), index.ntotal * index.d * width)
+    return np.asarray(_Owned(index, codes.view(dtype).reshape(index.ntotal, index.d)))
 
 
-def read_flat(path) -> tuple[faiss.Index, np.ndarray]:
-    """A flat index file, memory-mapped, and its rows (which keep it alive)."""
+def read_flat(path) -> np.ndarray:
+    """A build's vectors file as float32 rows in memory (for the stages that use every row)."""
     index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
-    return index, flat_vectors(index)
+    return np.asarray(stored_vectors(index), np.float32)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import faiss
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -93,7 +94,7 @@ def test_workspace_layout(built):
     assert "api_key" not in json.dumps(config).replace("api_key_env", "")
     state = manifest(built)
     assert state["embedding"] == {"model": "wordllama:l2_supercat:256", "dim": 256,
-                                  "vectors": "wordllama:l2_supercat:256:pool-own-tokens"}
+                                  "vectors": "wordllama:l2_supercat:256:pool-own-tokens:fp16"}
     assert list(state["stages"]) == sorted(STAGES)
     for stage in STAGES:
         entry = state["stages"][stage]
@@ -111,6 +112,8 @@ def test_workspace_layout(built):
     assert [n["vector_row"] for n in embedded] == list(range(index.ntotal))
     assert {n["type"] for n in embedded} == {"T", "S", "A", "H"}
     assert all(n["vector_row"] == -1 for n in nodes if n["type"] in ("N", "R", "O"))
+    stored = index.reconstruct_n(0, index.ntotal)  # half precision (each vector once, at half the bytes of float32)
+    assert index.sa_code_size() == 2 * index.d and np.array_equal(stored, stored.astype(np.float16).astype(np.float32))
     log = (built / "noderag.log").read_text()
     assert "stage assemble done" in log and "run finished" in log
     assert not list(built.rglob("*.tmp"))

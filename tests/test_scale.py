@@ -73,20 +73,21 @@ def test_clusters_are_a_function_of_the_set_of_vectors():
     assert np.array_equal(a.probes[order], b.probes)
 
 
-def test_mapped_vectors_keep_their_index_alive(tmp_path):
-    """The rows `ivf.read_flat` returns stay valid when the caller drops the index that maps them."""
+def test_stored_vectors_are_half_precision_and_read_back_exactly(tmp_path):
+    """A build's vectors file holds each vector once, in half precision; vectors on the stored grid
+    (as the embedder returns them) read back to the same float32 bits, and the mapped view stays
+    valid when the caller drops the index that maps it."""
     import gc
 
     import faiss
 
-    rows = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32)
-    index = faiss.IndexFlatIP(16)
-    index.add(rows)
-    faiss.write_index(index, str(tmp_path / "v.faiss"))
-    _, vectors = ivf.read_flat(tmp_path / "v.faiss")
-    _ = None
+    rows = ivf.on_stored_grid(np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32))
+    faiss.write_index(ivf.flat_index(rows), str(tmp_path / "v.faiss"))
+    assert (tmp_path / "v.faiss").stat().st_size < 300 * 16 * 2 + 200
+    assert np.array_equal(ivf.read_flat(tmp_path / "v.faiss"), rows)
+    mapped = ivf.stored_vectors(faiss.read_index(str(tmp_path / "v.faiss"), faiss.IO_FLAG_MMAP_IFC))
     gc.collect()
-    assert np.array_equal(vectors, rows)
+    assert mapped.dtype == np.float16 and np.array_equal(mapped.astype(np.float32), rows)
 
 
 def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_build, clustered_config):
@@ -120,8 +121,9 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
         assert retriever.clusters[3].dtype == np.int8 and retriever.clusters[3].shape == (len(retriever.clusters[2]),
                                                                                           retriever.vectors.shape[1])
         codes, rows = retriever.clusters[3], retriever.clusters[2]
-        scale = 127 / np.abs(retriever.vectors[retriever.scanned_rows]).max()
-        assert np.abs(codes.astype(np.float32) / scale - retriever.vectors[rows]).max() <= 0.5 / scale + 1e-6
+        vectors = retriever.float_vectors
+        scale = 127 / np.abs(vectors[retriever.scanned_rows]).max()
+        assert np.abs(codes.astype(np.float32) / scale - vectors[rows]).max() <= 0.5 / scale + 1e-6
         for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?",
                          "Which village were the Penrake brothers born in?", "What happened in the flood?",
                          "Who built the Orlen ferries?", "What does the society award?"):
@@ -132,7 +134,7 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
             assert np.allclose(everything[1], flat[1])
             few_rows, few_scores = retriever.vector_search(query, 10, ("S", "A", "H"), probes=1)
             rows = retriever.vector_of_node[few_rows]
-            assert np.allclose(few_scores, retriever.vectors[rows] @ query, atol=1e-6)
+            assert np.allclose(few_scores, vectors[rows] @ query, atol=1e-6)
 
 
 def test_one_worker_and_several_give_the_same_tables(tmp_path, built):

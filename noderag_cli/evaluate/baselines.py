@@ -180,7 +180,7 @@ class GraphSide:
         self.relation_vectors = embedder.embed([str(t) for t in retriever.texts[self.relations]])
         # entity description vectors: name + mean of its units and attribute
         described = self.kind["described"][self.entities][:, retriever.node_of_vector]
-        mean = described @ retriever.vectors
+        mean = described @ retriever.float_vectors
         mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
         combined = self.name_vectors + mean
         combined /= np.maximum(np.linalg.norm(combined, axis=1, keepdims=True), 1e-12)
@@ -191,7 +191,7 @@ class GraphSide:
     def similarity(self, query_vector: np.ndarray) -> np.ndarray:
         """Cosine of every embedded node to the query (0 for nodes without a vector)."""
         out = np.zeros(len(self.retriever.ids), dtype=np.float64)
-        out[self.retriever.node_of_vector] = np.maximum(_dot(self.retriever.vectors, query_vector), 0.0)
+        out[self.retriever.node_of_vector] = np.maximum(_dot(self.retriever.float_vectors, query_vector), 0.0)
         return out
 
     def keywords(self, question: str) -> tuple[list[str], str]:

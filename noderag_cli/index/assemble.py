@@ -4,7 +4,7 @@ reads, written as a new generation, then made current by one atomic rename of CU
 A generation holds (see `workspace.py` for where it lives):
 - nodes.parquet, edges.parquet: the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
 - documents.parquet: the documents table the build was made from (`chunk.DOCUMENT_SCHEMA`);
-- vectors.faiss: the flat inner-product index; row i is the node whose `vector_row` is i (a second
+- vectors.faiss: the flat inner-product index, in half precision (`ivf.flat_index`); row i is the node whose `vector_row` is i (a second
   name, a hard link, for the embed stage's file: every vector is stored once);
 - config.yaml: the config of the build, which `query` and `stats` read;
 - the search's structures (`search/prepare.py`), and manifest.json: each file's size and
@@ -85,7 +85,7 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
     the files of the older layout that no reader holds."""
     ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
     vector_file = ws.stage_path("embed", "vectors.faiss")
-    index, vectors = ivf.read_flat(vector_file)
+    vectors = ivf.read_flat(vector_file)
     documents = ws.read_table(ws.stage_path("chunk", "documents.parquet"))
     writer = ws.new_generation()
     with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges

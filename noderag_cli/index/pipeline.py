@@ -58,7 +58,7 @@ from ..workspace import (
 )
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
-STAGE_VERSION = 4  # 4: betweenness pivots drawn by hashed id; a workspace of 3 re-derives its tables
+STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
 KILL_ENV = "NODERAG_TEST_KILL_AT"
 
 
@@ -234,7 +234,7 @@ def _embed(run: StageRun) -> dict:
 def _similarity(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids = run.read("embed", "ids.parquet")["id"].to_pylist()
-    index, vectors = ivf.read_flat(run.ws.stage_path("embed", "vectors.faiss"))
+    vectors = ivf.read_flat(run.ws.stage_path("embed", "vectors.faiss"))
     settings = run.config.similarity
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}

@@ -63,15 +63,9 @@ def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
 
 
 def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """vectors[rows] @ query without gathering the rows first (faiss's kernel: the same bits as
-    `inner_products` on the gathered rows)."""
-    query = np.ascontiguousarray(query, dtype=np.float32)
-    rows = np.ascontiguousarray(rows, dtype=np.int64)  # referenced until the call returns: swig_ptr does not hold it
-    out = np.empty(len(rows), dtype=np.float32)
-    if len(rows):
-        faiss.fvec_inner_products_by_idx(faiss.swig_ptr(out), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
-                                         faiss.swig_ptr(rows), vectors.shape[1], 1, len(rows))
-    return out
+    """vectors[rows] @ query, for stored (half-precision) or float32 rows: the few rows gathered
+    and widened to float32, then `inner_products`."""
+    return inner_products(np.asarray(vectors[np.asarray(rows, dtype=np.int64)], np.float32), query)
 
 
 def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
@@ -221,7 +215,7 @@ class Retriever:
             self._scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
             if vector_index.d != embedder.dim:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
-            self.vectors = ivf.flat_vectors(vector_index)
+            self.vectors = ivf.stored_vectors(vector_index)
         self._text_column = data.arrow("node_text")["text"]
         self.type_codes = _mapped(data.array("type_codes"))
         self.id_hash = _mapped(data.array("id_hash"))
@@ -279,6 +273,11 @@ class Retriever:
         return np.asarray(node_ids(self.id_hash, self.type_codes), dtype=object)
 
     @functools.cached_property
+    def float_vectors(self) -> np.ndarray:
+        """Every vector row as float32, in memory."""
+        return np.asarray(self.vectors, np.float32)
+
+    @functools.cached_property
     def types(self) -> np.ndarray:
         return TYPE_LETTERS[self.type_codes]
 
@@ -333,7 +332,7 @@ class Retriever:
         """(vector rows, their vectors) of the given node types, gathered once per type set."""
         if types not in self._by_types:
             rows = np.flatnonzero(np.isin(self.type_codes[self.node_of_vector], [TYPE_CODE[t] for t in types]))
-            self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows]))
+            self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows], dtype=np.float32))
         return self._by_types[types]
 
     def _scan8_top(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
