@@ -87,7 +87,7 @@ class SearchConfig(_Section):
     ppr_iterations: int = Field(3, ge=0, description="spec: 2; 3 with a structural walk (docs/benchmarks.md)")
     ppr_variant: Literal["paper", "lazy"] = "paper"
     ppr_min_mass: float = Field(
-        1e-5, ge=0, description="approximate (push) PPR: a node spreads only while its edges carry more than this "
+        2e-6, ge=0, description="approximate (push) PPR: a node spreads only while its edges carry more than this "
         "each on average, and nodes with this much or less are let go after each step; a bounded frontier at any size "
         "(paper: 0; README)")
     similarity_weight: float = Field(
