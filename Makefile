@@ -34,7 +34,7 @@ test: $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(VENV)/.test-installed
-	$(BIN)/python -m noderag_cli.evaluate.bench --out docs/benchmarks.md
+	$(BIN)/python -m benchmarks.bench --out docs/benchmarks.md
 
 # indexing and search from 2,000 to 100,000 passages (about 30 minutes): docs/benchmarks-scale.md,
 # which the next `make bench` includes in docs/benchmarks.md

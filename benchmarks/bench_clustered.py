@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{title}\n\nskipped: {args.data} holds no MuSiQue corpus")
         return 0
     sys.path.insert(0, str(ROOT))
+    from benchmarks.bench import LOADERS
     from noderag_cli import api
     from noderag_cli.config import Config
-    from noderag_cli.evaluate.bench import LOADERS
     from noderag_cli.evaluate.run import evaluate
 
     lines = [title, "", "Command: `python -m benchmarks.bench_clustered` (part of `make bench`). Each dev set indexed "

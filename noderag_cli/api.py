@@ -23,7 +23,6 @@ from .embeddings import Embedder
 from .engines.base import Engine
 from .engines.offline import OfflineEngine
 from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
-from .evaluate.datasets import Question, read_jsonl
 from .executor import make_executor
 from .graph import NODE_TYPES
 from .index import assemble
@@ -41,6 +40,7 @@ from .index.pipeline import (
     scan_digest_of,
     settings_digest,
 )
+from .questions import Question, read_jsonl
 from .workspace import (
     Cache,
     Generation,

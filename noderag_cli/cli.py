@@ -357,7 +357,7 @@ def query(
 ) -> None:
     """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
     from . import api
-    from .evaluate.datasets import read_question_lines
+    from .questions import read_question_lines
 
     _json_mode(as_json or questions is not None)
     if (question is None) == (questions is None):

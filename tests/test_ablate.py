@@ -17,10 +17,10 @@ from noderag_cli import api
 from noderag_cli.evaluate import ablate, baselines
 from noderag_cli.evaluate.ablate import STRATEGIES
 from noderag_cli.evaluate.baselines import Setup, StrategySkipped
-from noderag_cli.evaluate.datasets import Question, read_jsonl
 from noderag_cli.evaluate.metrics import answer_contained, support_recall
 from noderag_cli.evaluate.run import evaluate
 from noderag_cli.evaluate.variants import _search, iterations_to_converge
+from noderag_cli.questions import Question, read_jsonl
 from noderag_cli.search.retriever import Retrieval, RetrievedNode
 
 ROOT = Path(__file__).resolve().parents[1]

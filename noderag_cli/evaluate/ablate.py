@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AblationInputError, WorkspaceError
+from ..questions import Question, read_jsonl
 from ..search.retriever import Retrieval
 from ..workspace import Workspace
 from .baselines import BASELINES, Setup, Strategy, StrategySkipped, StrategySpec
-from .datasets import Question, load_hotpotqa, load_musique, read_jsonl
+from .datasets import load_hotpotqa, load_musique
 from .run import evaluate
 from .variants import VARIANTS
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..questions import Question
 from ..search.retriever import Retrieval
-from .datasets import Question, is_yes_no
+from .datasets import is_yes_no
 from .metrics import answer_contained, support_recall
 
 Strategy = Callable[[str, int], Retrieval]

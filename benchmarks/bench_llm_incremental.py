@@ -1,6 +1,6 @@
 """Incremental indexing with an LLM engine on MuSiQue's corpus (`make bench`): what an update asks.
 
-    python -m tests.llm_support.bench_llm_incremental [--data ../shared/eval] [--work DIR]
+    python -m benchmarks.bench_llm_incremental [--data ../shared/eval] [--work DIR]
 
 The engine is litellm against the fault server in its deterministic "rich" mode (one unit per
 sentence, capitalised words as entities; the same request always gets the same reply), which
@@ -27,13 +27,8 @@ from pathlib import Path
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1]))
-
-from fault_server import FaultServer, _task_of  # noqa: E402
-
-from noderag_cli.evaluate.bench_index import ROOT, prepare, run_index, same_files  # noqa: E402
+from benchmarks.bench_index import ROOT, prepare, run_index, same_files
+from tests.llm_support.fault_server import FaultServer, _task_of
 
 TASKS = ("decompose", "attributes", "community_elements")
 
@@ -80,7 +75,7 @@ def measure(data: Path, work: Path) -> tuple[list[str], bool]:
     lines = [
         "### Incremental update with an LLM engine",
         "",
-        "Command: `python -m tests.llm_support.bench_llm_incremental`. litellm against the fault server's "
+        "Command: `python -m benchmarks.bench_llm_incremental`. litellm against the fault server's "
         "deterministic *rich* replies (a stand-in for a recorded model; it answers at once), concurrency 8, "
         f"same split as above: base {counts['base']:,} passages, update +{counts['added']} / "
         f"{counts['changed']} changed / {counts['deleted']} deleted.",

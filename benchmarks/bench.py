@@ -1,6 +1,6 @@
 """`make bench`: every figure in docs/benchmarks.md, measured in one run on this machine.
 
-    python -m noderag_cli.evaluate.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
+    python -m benchmarks.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
 
 Sections: indexing (time per stage, peak memory, resume, determinism, incremental; and an
 update's LLM calls with an LLM engine),
@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from .. import api
-from .baselines import naive_rag
-from .datasets import load_hotpotqa, load_musique
-from .run import evaluate
+from noderag_cli import api
+from noderag_cli.evaluate.baselines import naive_rag
+from noderag_cli.evaluate.datasets import load_hotpotqa, load_musique
+from noderag_cli.evaluate.run import evaluate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 LOADERS = {"musique": load_musique, "hotpotqa": load_hotpotqa}
 BUDGETS = (1000, 2000)
 ROUNDS = 5
@@ -93,7 +93,7 @@ def _module_section(module: str, args: list[str], title: str, timeout: int) -> l
 
 
 def ablation_section(data: Path, work: Path) -> list[str]:
-    from .ablate import ablation_table, to_markdown
+    from noderag_cli.evaluate.ablate import ablation_table, to_markdown
 
     lines = ["## Ablations and baselines", "",
              "Same workspaces, offline engine; every variant changes search only (no-hnsw walks the "
@@ -152,15 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     rounds = 2 if args.quick else ROUNDS
     command = "make bench" + (" (quick)" if args.quick else "")
-    header = ["# Benchmarks", "", f"Produced by `{command}` (`python -m noderag_cli.evaluate.bench`) on "
+    header = ["# Benchmarks", "", f"Produced by `{command}` (`python -m benchmarks.bench`) on "
               f"{datetime.date.today().isoformat()}, {platform.machine()}, {platform.python_version()}, "
               f"{__import__('os').cpu_count()} cores. Shared, noisy machine: read ratios more than absolute times. "
               "Generated file: do not edit by hand; rerun the command.", ""]
     sections = [header]
     quick = ["--quick"] if args.quick else []
     data_args = ["--data", str(args.data)]
-    sections.append(_module_section("noderag_cli.evaluate.bench_index", [*data_args, *quick], "Indexing", 3600))
-    sections.append(_module_section("tests.llm_support.bench_llm_incremental", data_args,
+    sections.append(_module_section("benchmarks.bench_index", [*data_args, *quick], "Indexing", 3600))
+    sections.append(_module_section("benchmarks.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
     sections.append(_module_section("benchmarks.bench_startup", [], "Start-up", 600))
     sections.append(_module_section("benchmarks.bench_estimate", [], "Dry-run estimate", 900))
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sections.append(["## Retrieval", "", f"skipped: {args.data} not found"])
     sections.append(ablation_section(args.data, args.work))
-    sections.append(_module_section("tests.llm_support.bench_llm", quick, "LLM engine", 1800))
+    sections.append(_module_section("benchmarks.bench_llm", quick, "LLM engine", 1800))
     scale = ROOT / "docs" / "benchmarks-scale.md"  # `make bench-scale` (half an hour), run on its own
     sections.append([scale.read_text(encoding="utf-8").strip(), "", "_(from `make bench-scale`, last run "
                      f"{datetime.date.fromtimestamp(scale.stat().st_mtime).isoformat()})_"] if scale.is_file() else

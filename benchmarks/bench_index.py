@@ -1,6 +1,6 @@
 """Indexing benchmark on MuSiQue's corpus: prints a Markdown section for docs/benchmarks.md.
 
-    python -m noderag_cli.evaluate.bench_index [--quick] [--data ../shared/eval] [--work DIR] [--runs N]
+    python -m benchmarks.bench_index [--quick] [--data ../shared/eval] [--work DIR] [--runs N]
 
 Every measured run is a real `noderag index` child process (`python -m noderag_cli.cli
 index WS --input FOLDER --json`) with the offline engine; its wall time includes start-up,
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
 COMPARED = ("nodes.parquet", "edges.parquet")
 SEED = 20240501
@@ -105,7 +105,7 @@ def same_files(a: Path, b: Path, names=COMPARED) -> bool:
 
 def prepare(data: Path, work: Path) -> tuple[Path, Path, dict[str, int]]:
     """The base folder (95% of the passages) and the final folder (+5%, 1% changed, 1% deleted)."""
-    from .datasets import load_musique
+    from noderag_cli.evaluate.datasets import load_musique
 
     everything = work / "musique-all"
     load_musique(data, everything)
@@ -219,7 +219,7 @@ def measure(data: Path, work: Path, runs: int, with_kill: bool) -> list[str]:
     similarity = updates[0].summary["stages"]["similarity"]
     embedded = sum(nodes.get(t, 0) for t in "TSAH")
     lines = [
-        f"Command: `python -m noderag_cli.evaluate.bench_index{' --quick' if runs == 1 and not with_kill else ''}`; "
+        f"Command: `python -m benchmarks.bench_index{' --quick' if runs == 1 and not with_kill else ''}`; "
         f"{platform.machine()}, Python {platform.python_version()}, {os.cpu_count()} cores. Each figure is a "
         f"`noderag index` child process; times are medians of {runs} run(s), RSS the peak (`wait4`); each round "
         f"runs a from-scratch build, then a base build, its update and a run with nothing to do.",

@@ -17,7 +17,7 @@
    Issue #6's figure, the engine's own machinery (parsing, caching, limiter), is the
    *engine code* column; the table says whether it is under 5% of wall time.
 
-    PYTHONPATH=. python tests/llm_support/bench_llm.py [--quick]
+    python -m benchmarks.bench_llm [--quick]
 
 Prints Markdown tables on stdout; exits non-zero when a limit was exceeded or an item failed.
 """
@@ -26,21 +26,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1]))
-
-from fault_server import FaultServer, max_in_window  # noqa: E402
-
-from noderag_cli.config import LLMConfig  # noqa: E402
-from noderag_cli.engines import llm  # noqa: E402
-from noderag_cli.engines.base import AttributeInput, ChunkInput  # noqa: E402
-from noderag_cli.workspace import Cache  # noqa: E402
+from noderag_cli.config import LLMConfig
+from noderag_cli.engines import llm
+from noderag_cli.engines.base import AttributeInput, ChunkInput
+from noderag_cli.workspace import Cache
+from tests.llm_support.fault_server import FaultServer, max_in_window
 
 
 def _config(server: FaultServer, **settings) -> LLMConfig:
