@@ -20,9 +20,9 @@ import yaml
 
 from .config import Config, SearchConfig, changed, load_config
 from .embeddings import Embedder
-from .engines.base import Engine
+from .engines.base import Engine, identity
 from .engines.offline import OfflineEngine
-from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
+from .errors import DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
 from .executor import make_executor
 from .graph import NODE_TYPES
 from .index import assemble
@@ -34,7 +34,6 @@ from .index.pipeline import (
     Reporter,
     compare_documents,
     decide,
-    engine_settings,
     indexed_state,
     run_pipeline,
     scan_digest_of,
@@ -225,25 +224,12 @@ def read_questions(path: str | Path) -> tuple[list[Question], list[str]]:
     return read_jsonl(Path(path))
 
 
-def engine_name(config: Config) -> str:
-    """The name an engine for this config will carry (it keys the decomposition cache)."""
-    if config.llm.engine == "litellm":
-        from .engines import prompts
-
-        try:
-            return prompts.engine_name(config.llm.model, prompts.prompt_set(config.llm.prompts))
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    return OfflineEngine.name
-
-
 def _decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[tuple[str, str, str]]) -> set[int]:
     """Positions of the (chunk id, title, text) chunks already decomposed: in the cache, or in the
     rows the decompose stage keeps (where a pure engine's work is, once committed)."""
     if not chunks:
         return set()
-    settings = engine_settings(config, engine_name(config))
-    keys = [cache_key(settings, title, text) for _, title, text in chunks]
+    keys = [cache_key(identity(config.llm), title, text) for _, title, text in chunks]
     found = cache.get_many("decompose", keys) if cache is not None else {}
     rows = ws.stage_path("decompose", "occurrences.parquet")
     kept: set[str] = set()
@@ -394,13 +380,13 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     new_chunks = [(chunk, title, text) for title, chunks in pieces for text, _, chunk in chunks]
     to_decompose = len(new_chunks) - len(_decomposed(ws, cache, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
-    name = engine_name(config)
+    engine_identity = identity(config.llm)
     scan_digest = scan_digest_of(files)
     stages: dict[str, str] = {}
     digests: dict[str, str | None] = {}
     for stage in STAGES:
         entry = manifest["stages"].get(stage.name, {})
-        decision = decide(ws, stage, entry, settings_digest(config, name, stage), digests, scan_digest)
+        decision = decide(ws, stage, entry, settings_digest(config, engine_identity, stage), digests, scan_digest)
         digests[stage.name] = None if decision.run else entry["outputs"]
         stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,

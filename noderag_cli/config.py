@@ -137,13 +137,6 @@ class Config(_Section):
     search: SearchConfig = SearchConfig()
     executor: ExecutorConfig = ExecutorConfig()
 
-    def engine_signature(self) -> dict:
-        """What decides the engine's output: part of every LLM stage's fingerprint."""
-        if self.llm.engine == "offline":
-            return {"engine": "offline"}
-        return {"engine": "litellm", "model": self.llm.model, "temperature": self.llm.temperature,
-                "max_output_tokens": self.llm.max_output_tokens, "grounding": self.llm.grounding}
-
 
 def changed(section: _Section, **changes):
     """A copy of a config section with some settings changed, validated like a config file

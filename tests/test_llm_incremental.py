@@ -83,15 +83,18 @@ def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
 
 
 def test_new_prompts_are_not_served_old_decompositions(monkeypatch):
+    from noderag_cli.config import LLMConfig
     from noderag_cli.engines import prompts
+    from noderag_cli.engines.base import identity
 
-    before = prompts.engine_name("openai/fault-model")
+    llm = LLMConfig(engine="litellm", model="openai/fault-model")
+    before = identity(llm)["name"]
     built_in = prompts.BUILT_IN
     for changed in (prompts.PromptSet({**built_in.system, "answer": "Answer."}, built_in.user),
                     prompts.PromptSet(built_in.system, {**built_in.user, "query_entities": "Q: {question}"})):
-        assert prompts.engine_name("openai/fault-model", changed) != before
+        assert identity(llm, changed)["name"] != before
     monkeypatch.setattr(prompts, "PROMPTS_VERSION", prompts.PROMPTS_VERSION + 1)
-    assert prompts.engine_name("openai/fault-model", prompts.PromptSet(built_in.system, built_in.user)) != before
+    assert identity(llm, prompts.PromptSet(built_in.system, built_in.user))["name"] != before
 
 
 def test_rate_limiting_is_shown_logged_bounded_and_summed_up(tmp_path):

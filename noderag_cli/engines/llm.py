@@ -81,6 +81,7 @@ from .base import (
     Progress,
     TaskStats,
     Unit,
+    identity,
 )
 from .limiter import SlidingWindowLimiter
 
@@ -440,7 +441,8 @@ class LiteLLMEngine:
             self.prompts = prompts.prompt_set(config.prompts)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        self.name = prompts.engine_name(config.model, self.prompts)
+        self.identity = identity(config, self.prompts)
+        self.name = self.identity["name"]
         self.stats = EngineStats()
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""

@@ -21,10 +21,21 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import nlp
+from ..config import LLMConfig
 from ..embeddings import Embedder
 from ..graph import normalize_name
 from ..workspace import Cache, json_digest
-from .base import AttributeInput, ChunkInput, CommunityInput, Element, EngineStats, Failure, Progress, Unit
+from .base import (
+    AttributeInput,
+    ChunkInput,
+    CommunityInput,
+    Element,
+    EngineStats,
+    Failure,
+    Progress,
+    Unit,
+    identity,
+)
 
 MAX_RELATION_WORDS = 8
 MIN_UNIT_WORDS = 4
@@ -93,7 +104,8 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
 
 
 class OfflineEngine:
-    name = "offline-v1"
+    identity = identity(LLMConfig(engine="offline"))
+    name = identity["name"]
     pure_decompose = staticmethod(decompose_chunk)  # what indexing may run on worker processes
 
     def __init__(self, embedder: Embedder, cache: Cache | None = None):

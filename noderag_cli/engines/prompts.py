@@ -376,12 +376,6 @@ def prompt_set(folder: str | None) -> PromptSet:
     return load_prompts(folder) if folder else BUILT_IN
 
 
-def engine_name(model: str, prompt_set: PromptSet = BUILT_IN) -> str:
-    """The LLM engine's name: model and prompt set. It keys the per-chunk decomposition cache and the
-    stage fingerprints, so new prompts re-run what they would change instead of reusing old results."""
-    return f"litellm:{model}:p{prompt_set.digest}"
-
-
 def build_messages(task: str, item: Any, prompt_set: PromptSet = BUILT_IN) -> list[dict[str, str]]:
     """The chat messages of one task item: the system prompt and the item as user message."""
     return prompt_set.messages(task, item)

@@ -53,13 +53,13 @@ LINK_SCHEMA = pa.schema([
 ])
 
 
-def cache_key(engine_settings: dict, title: str, text: str) -> str:
-    return json_digest([engine_settings, title, text])
+def cache_key(engine_identity: dict, title: str, text: str) -> str:
+    return json_digest([engine_identity, title, text])
 
 
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
-    engine_settings: dict | None = None, previous: tuple[pa.Table, pa.Table] | None = None,
+    previous: tuple[pa.Table, pa.Table] | None = None,
     executor: Executor | None = None,
 ) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int]]:
     """The occurrence and link rows of every chunk; failure reasons per chunk id; and how many
@@ -75,14 +75,13 @@ def decompose_chunks(
     LLM engine's calls are made here, where its limiter and connections live. Each batch's fresh
     units are cached as it returns, so a killed run keeps them. (A pure engine's entries are only
     a checkpoint: once the stage has committed its rows, `forget_checkpoints` removes them.)"""
-    engine_settings = engine_settings or {"name": engine.name}
     executor = executor or Executor()
     inputs = [
         ChunkInput(chunk_id=c, text=t, title=title)
         for c, t, title in zip(chunks["chunk_id"].to_pylist(), chunks["text"].to_pylist(), chunks["title"].to_pylist(), strict=True)
     ]
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
-    keys = [cache_key(engine_settings, c.title, c.text) for c in inputs]
+    keys = [cache_key(engine.identity, c.title, c.text) for c in inputs]
     names = [f"{c.chunk_id}\x1f{k}" for c, k in zip(inputs, keys, strict=True)]
     kept_occurrences, kept_links = OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table()
     known: set[str] = set()
@@ -146,14 +145,14 @@ def decompose_chunks(
     return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
 
 
-def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache, engine_settings: dict) -> int:
+def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:
     """Remove a pure engine's cached decompositions of these chunks, now that their rows are
     committed: the rows are what an update reuses, and a second copy of every unit would only take
     disk. An LLM engine's stay: each is a paid reply. Returns how many were removed."""
     if getattr(engine, "pure_decompose", None) is None:
         return 0
     pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
-    return cache.delete_many("decompose", {cache_key(engine_settings, title, text) for title, text in pairs})
+    return cache.delete_many("decompose", {cache_key(engine.identity, title, text) for title, text in pairs})
 
 
 def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):

@@ -169,7 +169,7 @@ def _decompose(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
     rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
     occurrences, links, failures, work = decompose.decompose_chunks(
-        chunks, run.engine, run.ws.cache, run.reporter.advance, engine_settings(run.config, run.engine.name),
+        chunks, run.engine, run.ws.cache, run.reporter.advance,
         decompose.read_rows(*rows_paths), run.executor,
     )
     nodes, edges = decompose.build_graph(occurrences, links)
@@ -178,7 +178,7 @@ def _decompose(run: StageRun) -> dict:
     run.commit_graph(nodes, edges, failures)
     for path, table in zip(rows_paths, (occurrences, links), strict=True):
         write_parquet(path, decompose.with_version(table))
-    if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache, engine_settings(run.config, run.engine.name)):
+    if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
         run.ws.cache.compact()
     return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
 
@@ -293,16 +293,11 @@ STAGE_NAMES = tuple(s.name for s in STAGES)
 BY_NAME = {s.name: s for s in STAGES}
 
 
-def engine_settings(config: Config, engine_name: str) -> dict:
-    """What decides an engine's output: its name (offline version or litellm model) and sampling settings."""
-    return {"name": engine_name, **config.engine_signature()}
-
-
-def _settings(config: Config, engine_name: str, stage: Stage) -> dict:
+def _settings(config: Config, engine_identity: dict, stage: Stage) -> dict:
     sections = {}
     for name in stage.settings:
         if name == "engine":
-            sections[name] = engine_settings(config, engine_name)
+            sections[name] = engine_identity
         elif name == "config":  # the whole config: the build carries a snapshot of it
             sections[name] = config_to_yaml(config, build=True)
         else:
@@ -310,9 +305,9 @@ def _settings(config: Config, engine_name: str, stage: Stage) -> dict:
     return sections
 
 
-def settings_digest(config: Config, engine_name: str, stage: Stage) -> str:
+def settings_digest(config: Config, engine_identity: dict, stage: Stage) -> str:
     own = {"stage_version": stage.version} if stage.version else {}
-    return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_name, stage), **own})
+    return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_identity, stage), **own})
 
 
 def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], scan_digest: str) -> str:
@@ -506,7 +501,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
                 scan: str, result: IndexResult, log) -> None:
     """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
     for stage in STAGES:
-        settings = settings_digest(config, engine.name, stage)
+        settings = settings_digest(config, engine.identity, stage)
         entry = manifest["stages"].get(stage.name, {})
         decision = decide(ws, stage, entry, settings, digests, scan)
         if not decision.run:
