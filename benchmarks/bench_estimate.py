@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from noderag_cli import api
-from noderag_cli.engines.llm import count_tokens
+from noderag_cli.engines.pricing import count_tokens
 from tests.llm_support.fault_server import FaultServer, _task_of, rich_content
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,7 @@
 """Text embeddings: the bundled `wordllama` model by default (weights ship in its wheel,
-loaded from the package folder with downloads disabled), litellm by config.
+loaded from the package folder with downloads disabled), a model behind litellm by config (its
+requests through `engines/transport.py`, the one way to a model: key, retries, 429 waits,
+accounting).
 
 Every vector goes through the workspace cache keyed by model and text, so nothing is
 embedded twice: not in a resumed run, not in an incremental update.
@@ -12,6 +14,7 @@ with: a fresh build and an update agree exactly, and no time goes into padding.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ import numpy as np
 
 from . import nlp
 from .config import EmbeddingConfig
-from .errors import ConfigError
+from .errors import ConfigError, EngineError
 from .executor import Executor
 from .ivf import in_parallel, on_stored_grid
 from .workspace import Cache
@@ -29,6 +32,8 @@ POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise a
 STORED = "fp16"  # part of a vector's identity: rounded to the precision a build stores (ivf.on_stored_grid)
 EMBED_BATCH = 4096  # texts per batch of work
 POOL_TOKENS = 4096  # tokens gathered at a time: 4 MB of vectors stay in cache (65,536 took 50% longer)
+# a model behind litellm: its requests' retry policy and how many are in flight at once
+REMOTE = {"retries": 5, "rate_limit_wait": 600.0, "timeout": 120.0, "concurrency": 4}
 
 
 def mean_pool(model, texts: list[str]) -> np.ndarray:
@@ -118,6 +123,49 @@ def embed_bundled(job: tuple[EmbeddingConfig, list[str]]) -> np.ndarray:
     return normalised(mean_pool(load_model(config), texts))
 
 
+def remote_transport(config: EmbeddingConfig):
+    """The transport to an embedding model behind litellm (no request or token limit of its own)."""
+    from .engines.base import EngineStats
+    from .engines.limiter import SlidingWindowLimiter
+    from .engines.transport import Transport
+
+    return Transport(config.model, setting="embedding", api_base=config.api_base, api_key_env=config.api_key_env,
+                     stats=EngineStats(), limiter=SlidingWindowLimiter(None, None), **REMOTE)
+
+
+def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.ndarray:
+    """Vectors of `texts` from a model behind litellm, `config.batch_size` texts per request, as
+    the model gives them (not normalised); EngineError (one line) when the model cannot be asked
+    or gives vectors of another dimension than `config.dim`."""
+    from .engines.transport import _CallFailed, load_litellm
+
+    auth = transport.auth()  # a missing key or an unroutable model, before any request
+    lt = load_litellm()
+    stats = transport.stats.task("embedding")
+
+    async def one(batch: list[str]) -> np.ndarray:
+        response = await transport.send(stats, 0, lambda: lt.aembedding(
+            model=config.model, input=batch, timeout=transport.timeout, num_retries=0, max_retries=0, **auth))
+        data = sorted(response.data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
+        vectors = np.asarray([d["embedding"] if isinstance(d, dict) else d.embedding for d in data], dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(batch):
+            raise EngineError(f"embedding model {config.model} returned {len(data)} vectors for {len(batch)} texts")
+        if vectors.shape[1] != config.dim:
+            raise EngineError(f"embedding model {config.model} returns {vectors.shape[1]}-dimensional vectors "
+                              f"but embedding.dim is {config.dim}; set embedding.dim: {vectors.shape[1]}")
+        return vectors
+
+    async def run(_report) -> list[np.ndarray]:
+        return await asyncio.gather(*(one(texts[i : i + config.batch_size])
+                                      for i in range(0, len(texts), config.batch_size)))
+
+    try:
+        return np.concatenate(transport.run(run))
+    except _CallFailed as err:
+        raise EngineError(f"embedding with {config.model} at {transport.where()} failed: "
+                          f"{transport.safe(str(err))}") from None
+
+
 class Embedder:
     def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None):
         self.config = config
@@ -128,6 +176,7 @@ class Embedder:
         self._computed_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
+        self._transport = None  # to a model behind litellm, made on its first request
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
 
     @property
@@ -136,9 +185,9 @@ class Embedder:
 
     def _compute(self, texts: list[str]) -> np.ndarray:
         if self.config.backend == "litellm":
-            from .engines.llm import litellm_embed
-
-            return litellm_embed(texts, self.config)
+            if self._transport is None:
+                self._transport = remote_transport(self.config)
+            return remote_vectors(self._transport, texts, self.config)
         return mean_pool(load_model(self.config), texts)
 
     def embed_query(self, text: str) -> np.ndarray:

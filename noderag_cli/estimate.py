@@ -54,7 +54,7 @@ class _RecordingEngine(OfflineEngine):
 
 
 def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
-    from .engines import llm, prompts
+    from .engines import llm, pricing, prompts
 
     cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
     offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"}),
@@ -78,11 +78,11 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
             keys = [engine.request_key(task, engine.prompts.messages(task, item)) for item in items]
             cached = cache.get_many(llm.CACHE_NS, keys)
             items = [item for item, key in zip(items, keys, strict=True) if key not in cached]
-        prompt_tokens = llm.prompt_tokens_for(task, items, config.llm.model, prompts.prompt_set(config.llm.prompts)) \
+        prompt_tokens = pricing.prompt_tokens_for(task, items, config.llm.model, prompts.prompt_set(config.llm.prompts)) \
             if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
         tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
-    priced = llm.estimate_cost(config.llm.model, tasks)
+    priced = pricing.estimate_cost(config.llm.model, tasks)
     if config.embedding.backend == "litellm":
         embedder = Embedder(config.embedding, cache)
         keys = [embedder.cache_key(text) for text in embedded]
@@ -90,7 +90,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         texts = [text for text, key in zip(embedded, keys, strict=True) if key not in cached]
         tokens = int(sum(count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
         batch = config.embedding.batch_size
-        cost = llm.price_of(config.embedding.model, tokens, 0)
+        cost = pricing.price_of(config.embedding.model, tokens, 0)
         priced["tasks"]["embedding"] = {"calls": -(-len(texts) // batch), "input_tokens": tokens, "output_tokens": 0,
                                         "cost_usd": cost}
         priced["total"]["calls"] += priced["tasks"]["embedding"]["calls"]

@@ -47,18 +47,16 @@ def _need_litellm():
 
 
 _need_litellm()
-from noderag_cli.engines.llm import (  # noqa: E402
-    CACHE_NS,
-    EngineError,
-    LiteLLMEngine,
+from noderag_cli.embeddings import Embedder  # noqa: E402
+from noderag_cli.engines.llm import CACHE_NS, EngineError, LiteLLMEngine  # noqa: E402
+from noderag_cli.engines.pricing import (  # noqa: E402
     count_tokens,
     estimate_cost,
-    litellm_embed,
-    load_litellm,
     price_of,
     prompt_token_bound,
     prompt_tokens_for,
 )
+from noderag_cli.engines.transport import load_litellm  # noqa: E402
 
 CHUNKS = [
     ChunkInput("c1", (
@@ -566,21 +564,26 @@ def test_search_time_tasks(server, cache):
 
 @pytestmark_llm
 def test_embeddings_are_normalised_and_cached(server, cache):
+    """A model behind litellm, through the one transport: batches of `batch_size`, unit vectors
+    cached by model and text, 429s waited out and counted, a dimension mismatch said in words."""
     config = EmbeddingConfig(backend="litellm", model="openai/fault-embed", dim=16, batch_size=2, api_base=server.url)
     texts = ["alpha beta", "gamma", "delta epsilon", "alpha beta"]
-    vectors = litellm_embed(texts, config, cache)
+    embedder = Embedder(config, cache)
+    vectors = embedder.embed(texts)
     assert vectors.shape == (4, 16) and vectors.dtype == np.float32
-    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
     assert np.array_equal(vectors[0], vectors[3])
     calls = len(server.records)
     assert calls == 2  # three distinct texts in batches of two
-    assert np.array_equal(litellm_embed(texts, config, cache), vectors)
+    assert np.array_equal(Embedder(config, cache).embed(texts), vectors)  # from the cache
     assert len(server.records) == calls
     server.script(["429:1"])
-    fresh = litellm_embed(["zeta"], config)
-    assert fresh.shape == (1, 16) and server.records[-2].status == 429
+    fresh = Embedder(config)
+    assert fresh.embed(["zeta"]).shape == (1, 16) and server.records[-2].status == 429
+    stats = fresh._transport.stats.task("embedding")
+    assert stats.calls == 2 and stats.rate_limit_waits == 1
     with pytest.raises(EngineError, match="embedding.dim: 16"):
-        litellm_embed(["eta"], config.model_copy(update={"dim": 32}))
+        Embedder(config.model_copy(update={"dim": 32})).embed(["eta"])
 
 
 # --------------------------------------------------------------------------- llama.cpp with a tiny model
