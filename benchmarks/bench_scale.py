@@ -173,7 +173,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli.config import SearchConfig, SimilarityConfig
     from noderag_cli.index import similarity_edges as se
     from noderag_cli.search.prepare import int8_codes, scan8, vector_clusters
-    from noderag_cli.search.retriever import inner_products_at, probe_top
+    from noderag_cli.search.vectors import inner_products_at, probe_top
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
     vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"On prefixes of the {sizes[-1]:,}-passage build's vectors (a prefix of rows sorted by id is a random "
                   "sample). The similarity lists: all pairs scored (the exact path) against the clustered index at "
                   "its default probes; recall@64 on 300 sampled nodes. The vector side: the int8 scan with its exact "
-                  "rescoring against probing the clusters (`retriever.probe_top`: int8 codes, then exact rescoring); queries are build vectors plus a little noise.", "",
+                  "rescoring against probing the clusters (`vectors.probe_top`: int8 codes, then exact rescoring); queries are build vectors plus a little noise.", "",
                   *crossover(args.work / f"ws-{sizes[-1]}", [20_000, 40_000, 80_000], [20_000, 40_000, 80_000, 160_000],
                              [10_000, 30_000, 100_000, 300_000])]
     text = "\n".join(lines) + "\n"

@@ -51,7 +51,8 @@ from .workspace import (
 )
 
 if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` and `index` do not need
-    from .search.retriever import Retrieval, Retriever
+    from .search.results import Retrieval
+    from .search.retriever import Retriever
 
 
 def workspace_config(ws: Workspace, config_path: Path | None = None, overrides: dict | None = None) -> Config:

@@ -21,7 +21,7 @@ from noderag_cli.evaluate.metrics import answer_contained, support_recall
 from noderag_cli.evaluate.run import evaluate
 from noderag_cli.evaluate.variants import _search, iterations_to_converge
 from noderag_cli.questions import Question, read_jsonl
-from noderag_cli.search.retriever import Retrieval, RetrievedNode
+from noderag_cli.search.results import Retrieval, RetrievedNode
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "sample_corpus"

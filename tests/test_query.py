@@ -101,13 +101,13 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
         entries = np.union1d(exact, vector).astype(np.int64)
         support, mass = shallow_ppr(r.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
                                     params.ppr_iterations)
-        rows, scores = r.select(support, mass, entries, params, query, r.similarities(query))
+        rows, scores = r.select(support, mass, entries, params, query, r.vector_side.similarities(query))
         walk = dict(zip(support.tolist(), mass.tolist(), strict=True))
         for e in entries.tolist():
             walk[e] = max(walk[e] - params.ppr_alpha / len(entries), 0.0)
         candidates = [n for n in support.tolist() if r.types[n] in "TSAHR"]
-        embedded = [n for n in candidates if r.vector_of_node[n] >= 0]
-        cosine = {n: max(float(r.vectors[r.vector_of_node[n]] @ query), 0.0) for n in embedded}
+        embedded = [n for n in candidates if r.vector_side.vector_of_node[n] >= 0]
+        cosine = {n: max(float(r.vector_side.vectors[r.vector_side.vector_of_node[n]] @ query), 0.0) for n in embedded}
         mean = sum(cosine.values()) / len(cosine)
         score = {n: np.sqrt(walk[n]) * cosine.get(n, mean * 0.5) * (params.chunk_weight if r.types[n] == "T" else 1)
                  for n in candidates}
@@ -261,23 +261,23 @@ def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
 def test_the_int8_scan_finds_the_exact_top_k(session, monkeypatch):
     import numpy as np
 
-    from noderag_cli.search import retriever as retriever_module
+    from noderag_cli.search import vectors as vectors_module
     from noderag_cli.search.retriever import SCANNED
 
     r = session.retriever
     rng = np.random.default_rng(2)
     queries = [r.embed_question(item["question"]) for item in QUESTIONS]
-    queries += [q / np.linalg.norm(q) for q in rng.normal(size=(20, r.vectors.shape[1])).astype(np.float32)]
+    queries += [q / np.linalg.norm(q) for q in rng.normal(size=(20, r.vector_side.vectors.shape[1])).astype(np.float32)]
     for k in (1, 5, 10, 40):
         for query in queries:
-            rows, scores = r.vector_search(query, k, SCANNED)
-            flat_rows, flat_scores = r.vector_search(query, k, SCANNED, r.similarities(query))
+            rows, scores = r.vector_side.search(query, k, SCANNED)
+            flat_rows, flat_scores = r.vector_side.search(query, k, SCANNED, r.vector_side.similarities(query))
             assert rows.tolist() == flat_rows.tolist() and np.array_equal(scores, flat_scores)
     # with too few candidates to prove the answer, the exact scan takes over: same result
-    monkeypatch.setattr(retriever_module, "SCAN8_CANDIDATES", 0)
+    monkeypatch.setattr(vectors_module, "SCAN8_CANDIDATES", 0)
     proved = 0
     for query in queries:
-        proved += r._scan8_top(query, 10) is not None
-        assert r.vector_search(query, 10, SCANNED)[0].tolist() == \
-            r.vector_search(query, 10, SCANNED, r.similarities(query))[0].tolist()
+        proved += r.vector_side._scan8_top(query, 10) is not None
+        assert r.vector_side.search(query, 10, SCANNED)[0].tolist() == \
+            r.vector_side.search(query, 10, SCANNED, r.vector_side.similarities(query))[0].tolist()
     assert proved < len(queries)

@@ -17,7 +17,7 @@ from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspa
 from noderag_cli import api, ivf
 from noderag_cli.index import similarity_edges as se
 from noderag_cli.search.ppr import shallow_ppr
-from noderag_cli.search.retriever import SCAN8_CANDIDATES
+from noderag_cli.search.vectors import SCAN8_CANDIDATES
 
 CLUSTERED = "similarity: {exact_below: 0, probes: 4}\nsearch: {clustered_from: 0, vector_probes: 3}\n"
 
@@ -114,26 +114,26 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
     a few, each result is a true cosine and a subset of the scan's candidates."""
     with api.open_workspace(clustered_build, compiled=False) as session:
         retriever = session.retriever
-        assert retriever.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
-        count = len(retriever.clusters[0])
+        assert retriever.vector_side.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
+        count = len(retriever.vector_side.clusters[0])
         # more members than the int8 codes pass on to exact rescoring: the codes choose, and must not miss
-        assert len(retriever.clusters[2]) > SCAN8_CANDIDATES + 10
-        assert retriever.clusters[3].dtype == np.int8 and retriever.clusters[3].shape == (len(retriever.clusters[2]),
-                                                                                          retriever.vectors.shape[1])
-        codes, rows = retriever.clusters[3], retriever.clusters[2]
-        vectors = retriever.float_vectors
-        scale = 127 / np.abs(vectors[retriever.scanned_rows]).max()
+        assert len(retriever.vector_side.clusters[2]) > SCAN8_CANDIDATES + 10
+        assert retriever.vector_side.clusters[3].dtype == np.int8 and retriever.vector_side.clusters[3].shape == (len(retriever.vector_side.clusters[2]),
+                                                                                          retriever.vector_side.vectors.shape[1])
+        codes, rows = retriever.vector_side.clusters[3], retriever.vector_side.clusters[2]
+        vectors = retriever.vector_side.float_vectors
+        scale = 127 / np.abs(vectors[retriever.vector_side.scanned_rows]).max()
         assert np.abs(codes.astype(np.float32) / scale - vectors[rows]).max() <= 0.5 / scale + 1e-6
         for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?",
                          "Which village were the Penrake brothers born in?", "What happened in the flood?",
                          "Who built the Orlen ferries?", "What does the society award?"):
             query = retriever.embed_question(question)
-            everything = retriever.vector_search(query, 10, ("S", "A", "H"), probes=count)
-            flat = retriever.vector_search(query, 10, ("S", "A", "H"), retriever.similarities(query))
+            everything = retriever.vector_side.search(query, 10, ("S", "A", "H"), probes=count)
+            flat = retriever.vector_side.search(query, 10, ("S", "A", "H"), retriever.vector_side.similarities(query))
             assert everything[0].tolist() == flat[0].tolist()
             assert np.allclose(everything[1], flat[1])
-            few_rows, few_scores = retriever.vector_search(query, 10, ("S", "A", "H"), probes=1)
-            rows = retriever.vector_of_node[few_rows]
+            few_rows, few_scores = retriever.vector_side.search(query, 10, ("S", "A", "H"), probes=1)
+            rows = retriever.vector_side.vector_of_node[few_rows]
             assert np.allclose(few_scores, vectors[rows] @ query, atol=1e-6)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import AblationInputError, WorkspaceError
 from ..questions import Question, read_jsonl
-from ..search.retriever import Retrieval
+from ..search.results import Retrieval
 from ..workspace import Workspace
 from .baselines import BASELINES, Setup, Strategy, StrategySkipped, StrategySpec
 from .datasets import load_hotpotqa, load_musique

@@ -30,7 +30,8 @@ from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..nlp import terms
 from ..search import context
-from ..search.retriever import Retrieval, Retriever
+from ..search.results import Retrieval
+from ..search.retriever import Retriever
 from ..workspace import Cache
 
 NAIVE_CANDIDATES = 100
@@ -98,7 +99,7 @@ def vector_context(retriever: Retriever, question: str, budget: int, types: tupl
     if query_vector is None:
         query_vector = retriever.embed_question(question)
     k = candidates_for(budget)
-    rows, similarity = retriever.vector_search(query_vector, k, types)
+    rows, similarity = retriever.vector_side.search(query_vector, k, types)
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     scores[rows] = similarity
     kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget,
@@ -179,8 +180,8 @@ class GraphSide:
         self.name_vectors = embedder.embed([str(t) for t in retriever.texts[self.entities]])
         self.relation_vectors = embedder.embed([str(t) for t in retriever.texts[self.relations]])
         # entity description vectors: name + mean of its units and attribute
-        described = self.kind["described"][self.entities][:, retriever.node_of_vector]
-        mean = described @ retriever.float_vectors
+        described = self.kind["described"][self.entities][:, retriever.vector_side.node_of_vector]
+        mean = described @ retriever.vector_side.float_vectors
         mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
         combined = self.name_vectors + mean
         combined /= np.maximum(np.linalg.norm(combined, axis=1, keepdims=True), 1e-12)
@@ -191,7 +192,8 @@ class GraphSide:
     def similarity(self, query_vector: np.ndarray) -> np.ndarray:
         """Cosine of every embedded node to the query (0 for nodes without a vector)."""
         out = np.zeros(len(self.retriever.ids), dtype=np.float64)
-        out[self.retriever.node_of_vector] = np.maximum(_dot(self.retriever.float_vectors, query_vector), 0.0)
+        vectors = self.retriever.vector_side
+        out[vectors.node_of_vector] = np.maximum(_dot(vectors.float_vectors, query_vector), 0.0)
         return out
 
     def keywords(self, question: str) -> tuple[list[str], str]:
@@ -258,7 +260,7 @@ def naive_rag(retriever: Retriever, question: str, budget: int) -> Retrieval:
     """NaiveRAG: text chunks by vector similarity to the question, best first, until the budget is full."""
     question = retriever.check_question(question)
     started = time.perf_counter()
-    rows, similarity = retriever.vector_search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",))
+    rows, similarity = retriever.vector_side.search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",))
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     scores[rows] = similarity
     kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget)

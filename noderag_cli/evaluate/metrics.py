@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from ..search.retriever import Retrieval
+from ..search.results import Retrieval
 
 SUPPORT_TYPES = ("T", "S", "A", "R")
 """Node types that count as carrying a passage: the chunk itself, or what was derived from it

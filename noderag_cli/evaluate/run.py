@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..questions import Question
-from ..search.retriever import Retrieval
+from ..search.results import Retrieval
 from .datasets import is_yes_no
 from .metrics import answer_contained, support_recall
 

@@ -164,7 +164,7 @@ def int8_codes(vectors: np.ndarray) -> tuple[np.ndarray, float]:
 
 def scan8(vectors: np.ndarray) -> tuple[faiss.Index, float, float]:
     """An int8 copy of the given vectors for the vector side's scan, returned with the scale and the
-    largest vector's rounding error (`Retriever._scan8_top`)."""
+    largest vector's rounding error (`VectorSide._scan8_top`)."""
     codes, scale = int8_codes(vectors)
     residual = vectors - codes * np.float32(1 / scale)
     # float32 rounding of the residual is ~1e-7 of a vector's norm: SCAN8_SLACK covers it

@@ -3,15 +3,17 @@
 at any size; a query then costs a few hash lookups, one int8 scan of the S, A and H vectors, a
 few sparse gathers (the walk reads only the rows that carry mass) and partial sorts. The full
 tables and the scipy graph are loaded only if an evaluation strategy asks for them.
+
+The steps of a question, in order: entry points (names, `entry.py`; vectors, `vectors.py`), the
+walk (`ppr.py`), the selection and the budget (`context.py`), then an answer if asked; what it
+returns is in `results.py`.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
-from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
@@ -42,116 +44,13 @@ from .prepare import (
 from .prepare import (
     VERSION as PREPARED_VERSION,
 )
+from .results import Retrieval, RetrievedNode
+from .vectors import VectorSide
 
 MAX_QUESTION_CHARS = 20_000
-SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
-SCAN8_SLACK = 1e-5  # float32 rounding of an exact 256-term dot product, with room to spare
 IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
 CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER else len(context.TYPE_ORDER)
                          for t in TYPE_CODE], dtype=np.int8)  # by type code
-
-
-def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """vectors @ query in one thread (faiss's SIMD kernel): BLAS would split a gemv this small
-    over threads, and on a busy machine waiting for the second thread costs milliseconds."""
-    query = np.ascontiguousarray(query, dtype=np.float32)
-    out = np.empty(len(vectors), dtype=np.float32)
-    if len(vectors):
-        faiss.fvec_inner_products_ny(faiss.swig_ptr(out), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
-                                     vectors.shape[1], len(vectors))
-    return out
-
-
-def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """vectors[rows] @ query, for stored (half-precision) or float32 rows: the few rows gathered
-    and widened to float32, then `inner_products`."""
-    return inner_products(np.asarray(vectors[np.asarray(rows, dtype=np.int64)], np.float32), query)
-
-
-def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
-              vectors: np.ndarray, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k vector rows most similar to `query` among the members of its `probes` nearest
-    clusters, with their exact cosines (best first, ties by row): a cost set by the probes, not by
-    the size of the build. The members are scored by their int8 `codes`, stored cluster after
-    cluster (a contiguous read per cluster, a quarter of the float32 bytes scattered over the
-    vectors file), and the best SCAN8_CANDIDATES + k of them rescored exactly."""
-    nearness = inner_products(centroids, query)
-    probes = min(probes, len(nearness))
-    probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
-    positions = row_entries(indptr, np.sort(probed))
-    wanted = SCAN8_CANDIDATES + k
-    if wanted < len(positions):
-        estimates = inner_products(codes[positions].astype(np.float32), query)
-        positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
-    rows = members[positions]
-    exact = inner_products_at(vectors, query, rows)
-    if k < len(rows):  # only what ties with the k-th best or beats it is sorted
-        keep = np.flatnonzero(exact >= np.partition(exact, len(rows) - k)[len(rows) - k])
-        rows, exact = rows[keep], exact[keep]
-    order = np.lexsort((rows, -exact))[:k]
-    return rows[order], exact[order]
-
-
-@dataclass
-class RetrievedNode:
-    id: str
-    type: str
-    score: float
-    text: str
-    documents: list[str]
-    tokens: int
-
-    def as_dict(self) -> dict:
-        return {"id": self.id, "type": self.type, "score": round(self.score, 8), "text": self.text,
-                "documents": self.documents, "tokens": self.tokens}
-
-
-@dataclass
-class Retrieval:
-    question: str
-    nodes: list[RetrievedNode] = field(default_factory=list)
-    entry_points: dict[str, list[str]] = field(default_factory=lambda: {"exact": [], "vector": []})
-    query_entities: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    answer: str | None = None
-    smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
-    citations: list[dict] | None = None  # an LLM answer's [n]: the numbered context node each one names
-    invalid_citations: int = 0  # [n] in the answer that number no context node (left out of `citations`)
-
-    @property
-    def context_tokens(self) -> int:
-        return sum(n.tokens for n in self.nodes)
-
-    def context_text(self, numbered: bool = False) -> str:
-        """What the answer step reads: nodes grouped by type, each with its sources; `numbered`:
-        each line starts with [n] (from 1), the number an LLM answer cites it by."""
-        lines = []
-        for number, node in enumerate(self.nodes, 1):
-            source = f" (from {', '.join(node.documents)})" if node.documents else ""
-            lines.append((f"[{number}] " if numbered else "") + f"[{node.type}] {node.text}{source}")
-        return "\n".join(lines)
-
-    def cite(self) -> None:
-        """`citations` from the [n] (or [n, m]) markers of the answer: each number used, once, in
-        order, with its node's id and documents; a number outside the context is counted instead."""
-        self.citations, self.invalid_citations = [], 0
-        seen: set[int] = set()
-        for group in re.findall(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]", self.answer or ""):
-            for number in map(int, re.split(r"\s*[,;]\s*", group)):
-                if not 1 <= number <= len(self.nodes):
-                    self.invalid_citations += 1
-                elif number not in seen:
-                    seen.add(number)
-                    node = self.nodes[number - 1]
-                    self.citations.append({"n": number, "id": node.id, "documents": node.documents})
-
-    def as_dict(self) -> dict:
-        shown = {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,
-                 "query_entities": self.query_entities, "nodes": [n.as_dict() for n in self.nodes],
-                 "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
-        if self.citations is not None:
-            shown |= {"citations": self.citations, "invalid_citations": self.invalid_citations}
-        return shown
 
 
 def _load_kernels() -> None:
@@ -203,8 +102,8 @@ class Retriever:
         self.engine = engine
         self.embedder = embedder
         if generation.legacy:
-            data, self.vectors = _legacy_prepared(generation, config.search.similarity_weight)
-            self._scan8_index = faiss.deserialize_index(np.frombuffer(data.raw["scan8.faiss"], np.uint8))
+            data, vectors = _legacy_prepared(generation, config.search.similarity_weight)
+            scan8_index = faiss.deserialize_index(np.frombuffer(data.raw["scan8.faiss"], np.uint8))
             meta = data.meta
         else:
             data, meta = generation, generation.meta
@@ -212,23 +111,20 @@ class Retriever:
                 raise generation.damaged("manifest.json", f"its search structures are of version {meta.get('version')}, "
                                                           f"this noderag reads {PREPARED_VERSION}")
             vector_index = self._read_index("vectors.faiss")
-            self._scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
+            scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
             if vector_index.d != embedder.dim:
                 raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
-            self.vectors = ivf.stored_vectors(vector_index)
+            vectors = ivf.stored_vectors(vector_index)
         self._text_column = data.arrow("node_text")["text"]
         self.type_codes = _mapped(data.array("type_codes"))
         self.id_hash = _mapped(data.array("id_hash"))
         self.tokens = _mapped(data.array("tokens"))
-        self.vector_of_node = _mapped(data.array("vector_of_node"))
-        self.node_of_vector = _mapped(data.array("node_of_vector"))
-        self.scanned_rows = _mapped(data.array("scanned_rows"))
-        if "scan8" in meta:
-            self.scan8_scale, self.scan8_error = meta["scan8"]["scale"], meta["scan8"]["error"]
-        self.clusters = None  # (unit centroids, indptr, vector rows) in a large build
-        if "clusters" in meta:
-            self.clusters = tuple(_mapped(data.array(name)) for name in ("cluster_centroids", "cluster_indptr",
-                                                                          "cluster_rows", "cluster_codes"))
+        scan8 = (scan8_index, meta["scan8"]["scale"], meta["scan8"]["error"]) if "scan8" in meta else None
+        clusters = tuple(_mapped(data.array(name)) for name in ("cluster_centroids", "cluster_indptr", "cluster_rows",
+                                                                 "cluster_codes")) if "clusters" in meta else None
+        self.vector_side = VectorSide(vectors, self.type_codes, _mapped(data.array("vector_of_node")),
+                                      _mapped(data.array("node_of_vector")), _mapped(data.array("scanned_rows")),
+                                      scan8, clusters, config.search.vector_probes)
         self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(data.array(n)) for n in WALK_ARRAYS))}
         self.leads_indptr, self.leads_indices = _mapped(data.array("leads_indptr")), _mapped(data.array("leads_indices"))
         self.key_indptr, self.key_ids = _mapped(data.array("key_indptr")), _mapped(data.array("key_ids"))
@@ -238,7 +134,6 @@ class Retriever:
         self._paths: dict[int, str] = {}  # filled as paths are shown
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
-        self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
         self.kernels = None
@@ -271,11 +166,6 @@ class Retriever:
     @functools.cached_property
     def ids(self) -> np.ndarray:
         return np.asarray(node_ids(self.id_hash, self.type_codes), dtype=object)
-
-    @functools.cached_property
-    def float_vectors(self) -> np.ndarray:
-        """Every vector row as float32, in memory."""
-        return np.asarray(self.vectors, np.float32)
 
     @functools.cached_property
     def types(self) -> np.ndarray:
@@ -316,81 +206,9 @@ class Retriever:
         """The similarity (HNSW) share of each pair (`prepare.Adjacency`)."""
         return self._split[1]
 
-    @functools.cached_property
-    def scanned_position(self) -> np.ndarray:
-        """Per vector row, its place among the scanned (S, A, H) rows, or -1."""
-        position = np.full(len(self.vectors), -1, dtype=np.int64)
-        position[self.scanned_rows] = np.arange(len(self.scanned_rows))
-        return position
-
     def id_of(self, rows: np.ndarray) -> list[str]:
         rows = np.asarray(rows, dtype=np.int64)
         return node_ids(self.id_hash[rows], self.type_codes[rows])
-
-    # vector side ---------------------------------------------------------------
-    def _typed_vectors(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(vector rows, their vectors) of the given node types, gathered once per type set."""
-        if types not in self._by_types:
-            rows = np.flatnonzero(np.isin(self.type_codes[self.node_of_vector], [TYPE_CODE[t] for t in types]))
-            self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows], dtype=np.float32))
-        return self._by_types[types]
-
-    def _scan8_top(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The exact top k of the S, A and H vectors by cosine, ties by id, from the int8 scan's best
-        candidates rescored exactly; None when the candidates cannot be shown to hold it.
-
-        With the query rounded as the vectors are (q = qc/sq + dq, v = vc/sv + dv, one scale sv for
-        all vectors), a cosine differs from its int8 estimate qc.vc/(sq sv) by at most
-        (1 + |dq|)|dv| + |dq|(1 + |dv|) + |dq||dv| (Cauchy-Schwarz on each cross term, |q| = |v| = 1),
-        with |dv| at most the largest vector's rounding error. A vector outside the candidates is
-        estimated no higher than the last candidate, so it scores at most that estimate plus the
-        bound; when that is below the exact k-th best among the candidates, it cannot be in the top k."""
-        query64 = query.astype(np.float64)
-        scale = 127.0 / max(float(np.abs(query64).max(initial=0.0)), 1e-12)
-        rounded = np.rint(query64 * scale)
-        query_error = float(np.linalg.norm(query64 - rounded / scale))
-        wanted = min(SCAN8_CANDIDATES + k, len(self.scanned_rows))
-        estimates, candidates = self._scan8_index.search(rounded.astype(np.float32)[None, :], wanted)
-        candidates = candidates[0]
-        exact = inner_products_at(self.vectors, query, self.scanned_rows[candidates])
-        order = np.lexsort((candidates, -exact))[:k]
-        if wanted < len(self.scanned_rows):
-            bound = (1 + query_error) * self.scan8_error + query_error * (1 + self.scan8_error) + \
-                query_error * self.scan8_error + SCAN8_SLACK
-            if not estimates[0, -1] / (scale * self.scan8_scale) + bound < exact[order[-1]]:
-                return None
-        return self.node_of_vector[self.scanned_rows[candidates[order]]], exact[order]
-
-    def similarities(self, query: np.ndarray) -> np.ndarray:
-        """Cosine of the query to the S, A and H vectors, in the order of `_typed_vectors(SCANNED)`:
-        one exact float32 scan. The search itself scans the int8 copy (`_scan8_top`); this is the
-        reference it is tested against, and the fallback."""
-        return inner_products(self._typed_vectors(SCANNED)[1], query)
-
-    def vector_search(self, query: np.ndarray, k: int, types: tuple[str, ...],
-                      similarities: np.ndarray | None = None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(node rows, similarities) of the k nodes of the given types most similar to `query`, best
-        first, ties by id: for SCANNED types from `similarities` already computed, else in a large
-        build from its clusters (`probe_top`, `probes` of them), else exactly from the int8 scan
-        (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat scan."""
-        if types == SCANNED and similarities is None and 0 < k < len(self.scanned_rows):
-            if self.clusters is not None:
-                rows, exact = probe_top(*self.clusters, self.vectors, query, k, probes or self.config.search.vector_probes)
-                return self.node_of_vector[rows], exact
-            found = self._scan8_top(query, k)
-            if found is not None:
-                return found
-        rows, vectors = self._typed_vectors(types)
-        k = min(k, len(rows))
-        if k <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        scores = similarities if similarities is not None and types == SCANNED else inner_products(vectors, query)
-        if k < len(rows):  # every score tied with the k-th best competes; the cut below keeps the lower ids
-            top = np.flatnonzero(scores >= scores[np.argpartition(scores, len(rows) - k)[len(rows) - k]])
-        else:
-            top = np.arange(len(rows))
-        top = top[np.lexsort((top, -scores[top]))][:k]
-        return self.node_of_vector[rows[top]], scores[top]
 
     def walk_matrix(self, similarity_weight: float) -> WalkMatrix:
         """P of structural edges + similarity_weight x similarity edges: the build's own for its
@@ -431,8 +249,8 @@ class Retriever:
         if params.use_vector and params.vector_top_k > 0:
             if query_vector is None:
                 query_vector = self.embed_question(question)
-            vector_rows, similarity = self.vector_search(query_vector, params.vector_top_k, SCANNED, similarities,
-                                                         params.vector_probes)
+            vector_rows, similarity = self.vector_side.search(query_vector, params.vector_top_k, SCANNED, similarities,
+                                                              params.vector_probes)
             vector_rows = vector_rows[similarity >= params.min_similarity]
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
@@ -505,15 +323,16 @@ class Retriever:
             pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
             return support[pool], mass[pool]
 
-        vector_rows = self.vector_of_node[support]
+        vectors = self.vector_side
+        vector_rows = vectors.vector_of_node[support]
         embedded = vector_rows >= 0  # T, S, A and H nodes
         if similarities is None:
-            found = inner_products_at(self.vectors, query_vector, vector_rows[embedded])
+            found = vectors.cosines(query_vector, vector_rows[embedded])
         else:
-            position = self.scanned_position[vector_rows[embedded]]
+            position = vectors.scanned_position[vector_rows[embedded]]
             found = similarities[position]
             unscanned = position < 0  # chunks
-            found[unscanned] = inner_products_at(self.vectors, query_vector, vector_rows[embedded][unscanned])
+            found[unscanned] = vectors.cosines(query_vector, vector_rows[embedded][unscanned])
         similarity = np.zeros(len(support))
         similarity[embedded] = np.maximum(found, 0.0)
         relation_similarity = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5

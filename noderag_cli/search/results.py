@@ -1,0 +1,70 @@
+"""What a search returns: the chosen nodes with their scores, text, sources and tokens, how they
+were reached, and (when asked) the answer with the context lines it cites. Its JSON shape is
+`as_dict`, which `query --json` prints."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RetrievedNode:
+    id: str
+    type: str
+    score: float
+    text: str
+    documents: list[str]
+    tokens: int
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "type": self.type, "score": round(self.score, 8), "text": self.text,
+                "documents": self.documents, "tokens": self.tokens}
+
+
+@dataclass
+class Retrieval:
+    question: str
+    nodes: list[RetrievedNode] = field(default_factory=list)
+    entry_points: dict[str, list[str]] = field(default_factory=lambda: {"exact": [], "vector": []})
+    query_entities: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    answer: str | None = None
+    smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
+    citations: list[dict] | None = None  # an LLM answer's [n]: the numbered context node each one names
+    invalid_citations: int = 0  # [n] in the answer that number no context node (left out of `citations`)
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(n.tokens for n in self.nodes)
+
+    def context_text(self, numbered: bool = False) -> str:
+        """What the answer step reads: nodes grouped by type, each with its sources; `numbered`:
+        each line starts with [n] (from 1), the number an LLM answer cites it by."""
+        lines = []
+        for number, node in enumerate(self.nodes, 1):
+            source = f" (from {', '.join(node.documents)})" if node.documents else ""
+            lines.append((f"[{number}] " if numbered else "") + f"[{node.type}] {node.text}{source}")
+        return "\n".join(lines)
+
+    def cite(self) -> None:
+        """`citations` from the [n] (or [n, m]) markers of the answer: each number used, once, in
+        order, with its node's id and documents; a number outside the context is counted instead."""
+        self.citations, self.invalid_citations = [], 0
+        seen: set[int] = set()
+        for group in re.findall(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]", self.answer or ""):
+            for number in map(int, re.split(r"\s*[,;]\s*", group)):
+                if not 1 <= number <= len(self.nodes):
+                    self.invalid_citations += 1
+                elif number not in seen:
+                    seen.add(number)
+                    node = self.nodes[number - 1]
+                    self.citations.append({"n": number, "id": node.id, "documents": node.documents})
+
+    def as_dict(self) -> dict:
+        shown = {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,
+                 "query_entities": self.query_entities, "nodes": [n.as_dict() for n in self.nodes],
+                 "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+        if self.citations is not None:
+            shown |= {"citations": self.citations, "invalid_citations": self.invalid_citations}
+        return shown

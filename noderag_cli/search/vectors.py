@@ -1,0 +1,159 @@
+"""The vector side of search: a build's vectors opened for cosine search at a cost that does not
+grow with the build. The S, A and H rows are scanned as an int8 copy whose best candidates are
+rescored exactly (`VectorSide._scan8_top`, which proves its answer or falls back to a flat scan);
+in a large build they are probed by cluster instead (`probe_top`). The rows themselves stay
+memory-mapped in half precision; only the rows a question rescores are read.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import faiss
+import numpy as np
+
+from ..graph import row_entries
+from .prepare import SCANNED, TYPE_CODE
+
+SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
+SCAN8_SLACK = 1e-5  # float32 rounding of an exact 256-term dot product, with room to spare
+
+
+def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """vectors @ query in one thread (faiss's SIMD kernel): BLAS would split a gemv this small
+    over threads, and on a busy machine waiting for the second thread costs milliseconds."""
+    query = np.ascontiguousarray(query, dtype=np.float32)
+    out = np.empty(len(vectors), dtype=np.float32)
+    if len(vectors):
+        faiss.fvec_inner_products_ny(faiss.swig_ptr(out), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
+                                     vectors.shape[1], len(vectors))
+    return out
+
+
+def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """vectors[rows] @ query, for stored (half-precision) or float32 rows: the few rows gathered
+    and widened to float32, then `inner_products`."""
+    return inner_products(np.asarray(vectors[np.asarray(rows, dtype=np.int64)], np.float32), query)
+
+
+def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
+              vectors: np.ndarray, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k vector rows most similar to `query` among the members of its `probes` nearest
+    clusters, with their exact cosines (best first, ties by row): a cost set by the probes, not by
+    the size of the build. The members are scored by their int8 `codes`, stored cluster after
+    cluster (a contiguous read per cluster, a quarter of the float32 bytes scattered over the
+    vectors file), and the best SCAN8_CANDIDATES + k of them rescored exactly."""
+    nearness = inner_products(centroids, query)
+    probes = min(probes, len(nearness))
+    probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
+    positions = row_entries(indptr, np.sort(probed))
+    wanted = SCAN8_CANDIDATES + k
+    if wanted < len(positions):
+        estimates = inner_products(codes[positions].astype(np.float32), query)
+        positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
+    rows = members[positions]
+    exact = inner_products_at(vectors, query, rows)
+    if k < len(rows):  # only what ties with the k-th best or beats it is sorted
+        keep = np.flatnonzero(exact >= np.partition(exact, len(rows) - k)[len(rows) - k])
+        rows, exact = rows[keep], exact[keep]
+    order = np.lexsort((rows, -exact))[:k]
+    return rows[order], exact[order]
+
+
+class VectorSide:
+    """A build's vectors for search: `vectors` as stored (one row per embedded node), each node's
+    row (`vector_of_node`, -1 for none) and back (`node_of_vector`), the scanned S, A and H rows,
+    and either their int8 copy (`scan8`: index, scale, rounding error) or their clusters."""
+
+    def __init__(self, vectors: np.ndarray, type_codes: np.ndarray, vector_of_node: np.ndarray,
+                 node_of_vector: np.ndarray, scanned_rows: np.ndarray, scan8: tuple | None, clusters: tuple | None,
+                 probes: int):
+        self.vectors = vectors
+        self.type_codes = type_codes
+        self.vector_of_node = vector_of_node
+        self.node_of_vector = node_of_vector
+        self.scanned_rows = scanned_rows
+        self._scan8_index, self.scan8_scale, self.scan8_error = scan8 or (None, 0.0, 0.0)
+        self.clusters = clusters  # (unit centroids, indptr, vector rows, int8 codes) in a large build
+        self.probes = probes
+        self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    @functools.cached_property
+    def float_vectors(self) -> np.ndarray:
+        """Every vector row as float32, in memory (for evaluation strategies; never per question)."""
+        return np.asarray(self.vectors, np.float32)
+
+    @functools.cached_property
+    def scanned_position(self) -> np.ndarray:
+        """Per vector row, its place among the scanned (S, A, H) rows, or -1."""
+        position = np.full(len(self.vectors), -1, dtype=np.int64)
+        position[self.scanned_rows] = np.arange(len(self.scanned_rows))
+        return position
+
+    def cosines(self, query: np.ndarray, vector_rows: np.ndarray) -> np.ndarray:
+        """The query's cosine to each given vector row."""
+        return inner_products_at(self.vectors, query, vector_rows)
+
+    def typed(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(vector rows, their vectors) of the given node types, gathered once per type set."""
+        if types not in self._by_types:
+            rows = np.flatnonzero(np.isin(self.type_codes[self.node_of_vector], [TYPE_CODE[t] for t in types]))
+            self._by_types[types] = (rows, np.ascontiguousarray(self.vectors[rows], dtype=np.float32))
+        return self._by_types[types]
+
+    def _scan8_top(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The exact top k of the S, A and H vectors by cosine, ties by id, from the int8 scan's best
+        candidates rescored exactly; None when the candidates cannot be shown to hold it.
+
+        With the query rounded as the vectors are (q = qc/sq + dq, v = vc/sv + dv, one scale sv for
+        all vectors), a cosine differs from its int8 estimate qc.vc/(sq sv) by at most
+        (1 + |dq|)|dv| + |dq|(1 + |dv|) + |dq||dv| (Cauchy-Schwarz on each cross term, |q| = |v| = 1),
+        with |dv| at most the largest vector's rounding error. A vector outside the candidates is
+        estimated no higher than the last candidate, so it scores at most that estimate plus the
+        bound; when that is below the exact k-th best among the candidates, it cannot be in the top k."""
+        query64 = query.astype(np.float64)
+        scale = 127.0 / max(float(np.abs(query64).max(initial=0.0)), 1e-12)
+        rounded = np.rint(query64 * scale)
+        query_error = float(np.linalg.norm(query64 - rounded / scale))
+        wanted = min(SCAN8_CANDIDATES + k, len(self.scanned_rows))
+        estimates, candidates = self._scan8_index.search(rounded.astype(np.float32)[None, :], wanted)
+        candidates = candidates[0]
+        exact = inner_products_at(self.vectors, query, self.scanned_rows[candidates])
+        order = np.lexsort((candidates, -exact))[:k]
+        if wanted < len(self.scanned_rows):
+            bound = (1 + query_error) * self.scan8_error + query_error * (1 + self.scan8_error) + \
+                query_error * self.scan8_error + SCAN8_SLACK
+            if not estimates[0, -1] / (scale * self.scan8_scale) + bound < exact[order[-1]]:
+                return None
+        return self.node_of_vector[self.scanned_rows[candidates[order]]], exact[order]
+
+    def similarities(self, query: np.ndarray) -> np.ndarray:
+        """Cosine of the query to the S, A and H vectors, in the order of `typed(SCANNED)`:
+        one exact float32 scan. The search itself scans the int8 copy (`_scan8_top`); this is the
+        reference it is tested against, and the fallback."""
+        return inner_products(self.typed(SCANNED)[1], query)
+
+    def search(self, query: np.ndarray, k: int, types: tuple[str, ...],
+                      similarities: np.ndarray | None = None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(node rows, similarities) of the k nodes of the given types most similar to `query`, best
+        first, ties by id: for SCANNED types from `similarities` already computed, else in a large
+        build from its clusters (`probe_top`, `probes` of them), else exactly from the int8 scan
+        (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat scan."""
+        if types == SCANNED and similarities is None and 0 < k < len(self.scanned_rows):
+            if self.clusters is not None:
+                rows, exact = probe_top(*self.clusters, self.vectors, query, k, probes or self.probes)
+                return self.node_of_vector[rows], exact
+            found = self._scan8_top(query, k)
+            if found is not None:
+                return found
+        rows, vectors = self.typed(types)
+        k = min(k, len(rows))
+        if k <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        scores = similarities if similarities is not None and types == SCANNED else inner_products(vectors, query)
+        if k < len(rows):  # every score tied with the k-th best competes; the cut below keeps the lower ids
+            top = np.flatnonzero(scores >= scores[np.argpartition(scores, len(rows) - k)[len(rows) - k]])
+        else:
+            top = np.arange(len(rows))
+        top = top[np.lexsort((top, -scores[top]))][:k]
+        return self.node_of_vector[rows[top]], scores[top]
