@@ -200,6 +200,24 @@ def fit_budget(ordered, tokens, budget, key_indptr, key_ids, shown):
     return kept[:count]
 
 
+HALF_SCALE = np.array([2.0**-24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
+"""Per half-precision exponent field, what its 11-bit significand is worth (the first: subnormals)."""
+
+
+@numba.njit(cache=True)
+def widen_half(codes, rows, out):
+    """out[i] = row rows[i] of half-precision vectors (their bits as uint16), as float32, exactly:
+    a normal half is (1024 + significand) x 2^(exponent - 25), a subnormal significand x 2^-24.
+    The same values as `vectors.widen`'s table, which numpy gathers some times slower."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(codes.shape[1]):
+            h = codes[r, j]
+            e = (h >> 10) & 0x1F
+            value = np.float32((h & 0x3FF) + (1024 if e > 0 else 0)) * HALF_SCALE[e]
+            out[i, j] = -value if h & 0x8000 else value
+
+
 def warm_up() -> None:
     """Compile the kernels (or load them from numba's cache) for the array types the retriever
     passes, so that no query pays for it."""
@@ -210,3 +228,4 @@ def warm_up() -> None:
                 indptr, indices, np.ones(5, np.int64), 1, 0.3)
     fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
                np.array([0], np.int32), np.zeros(1, np.bool_))
+    widen_half(np.zeros((2, 4), np.uint16), np.array([1], np.int64), np.zeros((1, 4), np.float32))

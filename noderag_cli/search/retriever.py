@@ -141,7 +141,7 @@ class Retriever:
             loading.join()
             from . import kernels
 
-            self.kernels = kernels
+            self.kernels = self.vector_side.kernels = kernels
 
     def _scratch(self, name: str, size: int, dtype) -> np.ndarray:
         """A zeroed array the kernels use and leave zeroed, made once per session and thread (its
