@@ -105,7 +105,37 @@ def ablation_section(data: Path, work: Path) -> list[str]:
         started = time.perf_counter()
         rows = ablation_table(dataset, data / dataset, work, budgets=BUDGETS)
         lines += ["", f"### {dataset} ({time.perf_counter() - started:.0f} s)", "", to_markdown(rows), "",
-                  *paper_directions(rows)]
+                  *paper_directions(rows), "", *seed_directions(rows, work / f"{dataset}-workspace")]
+    return lines
+
+
+def seed_directions(rows: list[dict], workspace: Path) -> list[str]:
+    """Whether the seed papers' directions hold here: ArchRAG above GraphRAG on these specific
+    (multi-hop, one-answer) questions, and what GraphRAG's global search would cost per question
+    (its map step has the LLM read every report of the level)."""
+    import pyarrow.parquet as pq
+
+    value = {(r["strategy"], r["budget"]): r["answer_containment"] for r in rows}
+    lines = ["Do the seed papers' directions hold here?", ""]
+    for budget in BUDGETS:
+        archrag = value.get(("archrag", budget))
+        graphrags = {name: v for (name, b), v in value.items() if b == budget and name.startswith("graphrag")}
+        if archrag is None or not graphrags:
+            continue
+        best_name, best = max(graphrags.items(), key=lambda item: item[1])
+        verdict = "holds" if archrag > best else ("no difference" if archrag == best else "does NOT hold")
+        lines.append(f"- ArchRAG over GraphRAG on specific questions at {budget} tokens: ArchRAG {archrag:.3f}, the best "
+                     f"GraphRAG row ({best_name}) {best:.3f}; ArchRAG's direction {verdict}.")
+    for path in sorted(workspace.glob("evaluation/graphrag-*.parquet")):
+        table = pq.read_table(path, columns=["level", "tokens"]).to_pydict()
+        per_level = {}
+        for level, tokens in zip(table["level"], table["tokens"], strict=True):
+            count, total = per_level.get(level, (0, 0))
+            per_level[level] = (count + (tokens > 0), total + tokens)
+        cost = "; ".join(f"C{level} {count:,} reports, {total:,} tokens" for level, (count, total) in sorted(per_level.items()))
+        lines.append(f"- GraphRAG global search's map step would have the LLM read, per question: {cost} "
+                     f"(against contexts of {', '.join(f'{b:,}' for b in BUDGETS)} tokens here), "
+                     "which is why the paper finds global search costly.")
     return lines
 
 

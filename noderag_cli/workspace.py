@@ -573,6 +573,11 @@ class Workspace:
         return self.root / "noderag.log"
 
     @property
+    def evaluation_dir(self) -> Path:
+        """What `ablate` builds beyond the graph for the seed systems (evaluate/hierarchy.py)."""
+        return self.root / "evaluation"
+
+    @property
     def cache_path(self) -> Path:
         return self.root / CACHE_FILE
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import build_file, noderag
 
@@ -49,11 +51,22 @@ def questions() -> list[Question]:
 
 
 # --------------------------------------------------------------------------- strategies
+def _stored_reports(workspace: Path) -> dict[str, tuple[str, int]]:
+    """Every community report the seed systems keep in the workspace, by the id a context gives it."""
+    found = {}
+    for path in sorted((workspace / "evaluation").glob("*.parquet")):
+        letter = "L" if path.name.startswith("archrag") else "C"
+        table = pq.read_table(path, columns=["level", "text", "tokens"]).to_pylist()
+        found |= {f"H_{letter}{row['level']}-{r:06d}": (row["text"], row["tokens"]) for r, row in enumerate(table)}
+    return found
+
+
 @pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "hyde"])
 def test_every_strategy_returns_well_formed_results_within_budget(setup, questions, name):
     strategy = STRATEGIES[name].build(setup)
     retriever = setup.retriever
     paths = set(retriever.document_names.to_pylist())
+    reports = _stored_reports(setup.workspace)
     reached = 0
     for budget in (150, 1200):
         for item in questions[:6]:
@@ -65,7 +78,10 @@ def test_every_strategy_returns_well_formed_results_within_budget(setup, questio
             assert len(ids) == len(set(ids))
             for node in result.nodes:
                 assert node.type in "TSAHR" and node.id[0] == node.type
-                assert node.tokens == int(retriever.tokens[retriever.graph.index_of[node.id]])
+                if node.id in reports:  # a seed system's community report, as the workspace keeps it
+                    assert (node.text, node.tokens) == reports[node.id]
+                else:
+                    assert node.tokens == int(retriever.tokens[retriever.graph.index_of[node.id]])
                 assert node.documents and set(node.documents) <= paths
             reached += bool(result.nodes) and budget > 1000  # sample chunks may not fit in 150 tokens
     assert reached >= 4, f"{name} found nothing for most questions"
@@ -322,3 +338,70 @@ def test_ablation_table_and_markdown_for_the_benchmark(tmp_path):
     assert markdown.startswith("| strategy | kind | budget | answer containment | Δ vs noderag |")
     assert len(markdown.strip().splitlines()) == 2 + len(rows)
     assert "| naive | baseline | 150 |" in markdown
+
+
+# --------------------------------------------------------------------------- seed systems
+SEED_VARIANTS = ("archrag", "archrag-single-layer", "archrag-leiden", "archrag-entity-only",
+                 *(f"graphrag-{mode}-c{level}" for mode in ("local", "global") for level in range(4)))
+
+
+def test_seed_hierarchies_are_kept_in_the_workspace_deterministic_and_built_once(built, tmp_path, monkeypatch):
+    """A hierarchy is built on first use and written under evaluation/; a second run reads it back
+    (building again would fail here); rebuilt from scratch it is the same bytes. GraphRAG's levels
+    nest (each community of a level inside one of the level above); ArchRAG's layers shrink."""
+    from conftest import copy_workspace
+
+    from noderag_cli.evaluate import hierarchy
+
+    ws = copy_workspace(built, tmp_path / "ws")
+    first = Setup(api.open_workspace(ws).retriever, ws)
+    graphrag, archrag = first.hierarchy("graphrag"), first.hierarchy("archrag")
+    files = sorted((ws / "evaluation").glob("*.parquet"))
+    assert [f.name.split("-")[0] for f in files] == ["archrag", "graphrag"]
+    stored = {f.name: f.read_bytes() for f in files}
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("rebuilt although the workspace holds it")
+
+    monkeypatch.setattr(hierarchy, "graphrag", refuse)
+    monkeypatch.setattr(hierarchy, "archrag", refuse)
+    second = Setup(api.open_workspace(ws).retriever, ws)
+    again = second.hierarchy("graphrag")
+    assert again.text == graphrag.text and np.array_equal(again.vectors, graphrag.vectors)
+    assert [x.tolist() for x in again.labels] == [x.tolist() for x in graphrag.labels]
+    monkeypatch.undo()
+
+    for f in files:
+        f.unlink()
+    third = Setup(api.open_workspace(ws).retriever, ws)
+    third.hierarchy("graphrag"), third.hierarchy("archrag")
+    assert {f.name: f.read_bytes() for f in sorted((ws / "evaluation").glob("*.parquet"))} == stored
+
+    assert graphrag.levels == 4
+    for upper, lower in zip(graphrag.labels, graphrag.labels[1:], strict=False):
+        for community in np.unique(lower[lower >= 0]).tolist():
+            assert len(np.unique(upper[lower == community])) == 1  # nested in one community above
+        assert len(np.unique(lower)) >= len(np.unique(upper))
+    counts = [len(archrag.at(level)) for level in range(archrag.levels)]
+    assert counts and all(b < a for a, b in zip(counts, counts[1:], strict=False))
+    top = archrag.at(archrag.levels - 1)[0]
+    assert len(archrag.children(top)) >= 1  # the layers are linked
+
+
+def test_seed_systems_on_tiny_graphs(tmp_path):
+    """One document of two sentences (a community or two, communities of one node, empty upper
+    levels), and a folder of one sentence: every seed variant answers within its budget, twice alike."""
+    for name, text in (("two", "Ada Lovelace met Charles Babbage in London. Babbage built the Difference Engine."),
+                       ("one", "Ada Lovelace wrote notes.")):
+        folder = tmp_path / f"docs-{name}"
+        folder.mkdir()
+        (folder / "a.txt").write_text(text + "\n")
+        ws = tmp_path / f"ws-{name}"
+        assert noderag("index", ws, "--input", folder).returncode == 0
+        setup = Setup(api.open_workspace(ws).retriever, ws)
+        for variant in SEED_VARIANTS:
+            run = STRATEGIES[variant].build(setup)
+            for budget in (40, 500):
+                result = run("Who did Ada Lovelace meet?", budget)
+                assert result.context_tokens <= budget
+                assert [n.id for n in result.nodes] == [n.id for n in run("Who did Ada Lovelace meet?", budget).nodes]

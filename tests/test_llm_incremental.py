@@ -207,3 +207,32 @@ def test_hyde_asks_through_the_engine_and_a_second_ablate_pays_nothing(built, tm
         assert [r for r in server.completions() if _task_of(r.body) == "passage"] == []  # from the engine's cache
     rows = json.loads((tmp_path / "out" / "ablation.json").read_text())["rows"]
     assert [r["strategy"] for r in rows] == ["hyde"]
+
+
+def test_seed_systems_summarise_through_the_engine_once(built, tmp_path):
+    """ArchRAG and GraphRAG's levels with an LLM engine: their community reports are asked of the
+    model on the first ablate run; a second run asks nothing (the workspace keeps the hierarchy),
+    nor does a run after its files are gone (every reply is in the workspace cache)."""
+    from conftest import copy_workspace
+
+    workspace = copy_workspace(built, tmp_path / "ws")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Who founded the Sound Maritime Society?",
+                                     "answers": ["Josiah Penrake"]}) + "\n")
+    with FaultServer(default="good") as server:
+        config = _config(tmp_path, server.url)
+        args = ("ablate", workspace, "--questions", questions, "--variants", "archrag,graphrag-global-c1",
+                "--budgets", "1000", "--config", config, "--out", tmp_path / "out")
+        first = noderag(*args)
+        assert first.returncode == 0, first.stderr
+        asked = [r for r in server.completions() if _task_of(r.body) == "community_elements"]
+        assert len(asked) >= 3
+        server.reset()
+        assert noderag(*args).returncode == 0
+        assert [r for r in server.completions() if _task_of(r.body)] == []
+        shutil.rmtree(workspace / "evaluation")
+        assert noderag(*args).returncode == 0
+        assert [r for r in server.completions() if _task_of(r.body)] == []
+    rows = json.loads((tmp_path / "out" / "ablation.json").read_text())["rows"]
+    assert [r["strategy"] for r in rows] == ["archrag", "graphrag-global-c1"]
+    assert all(r["mean_context_tokens"] <= 1000 for r in rows)

@@ -35,9 +35,10 @@ from ..workspace import Workspace
 from .baselines import BASELINES, Setup, Strategy, StrategySkipped, StrategySpec
 from .datasets import load_hotpotqa, load_musique
 from .run import evaluate
+from .seeds import SEEDS
 from .variants import VARIANTS
 
-STRATEGIES: dict[str, StrategySpec] = {**VARIANTS, **BASELINES}
+STRATEGIES: dict[str, StrategySpec] = {**VARIANTS, **BASELINES, **SEEDS}
 DEFAULT_BUDGETS = (1000, 2000, 4000)
 DATASETS = {"musique": load_musique, "hotpotqa": load_hotpotqa}
 COLUMNS = ("strategy", "kind", "budget", "questions", "answer_containment", "support_recall", "mean_context_tokens",

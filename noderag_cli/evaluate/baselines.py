@@ -54,6 +54,7 @@ class Setup:
     _graph_side: GraphSide | None = field(default=None, repr=False)
     engine: Engine | None = None  # for the LLM calls the evaluation adds (HyDE, answers, the judge); the
     # retriever's, or one with the workspace's writable cache so that a re-run pays nothing
+    hierarchies: dict = field(default_factory=dict, repr=False)  # by kind, built once per run
 
     def __post_init__(self) -> None:
         self.engine = self.engine or self.retriever.engine
@@ -62,6 +63,17 @@ class Setup:
         if self._graph_side is None:
             self._graph_side = GraphSide(self)
         return self._graph_side
+
+    def hierarchy(self, kind: str):
+        """A community hierarchy of the seed systems ("graphrag", "archrag", "archrag-leiden"): built
+        on first use, or read back from the workspace (evaluation/hierarchy.py)."""
+        from . import hierarchy
+
+        if kind not in self.hierarchies:
+            build = {"graphrag": lambda: hierarchy.graphrag(self), "archrag": lambda: hierarchy.archrag(self),
+                     "archrag-leiden": lambda: hierarchy.archrag(self, augment=False)}[kind]
+            self.hierarchies[kind] = hierarchy.load_or_build(self, kind, build)
+        return self.hierarchies[kind]
 
     @property
     def offline(self) -> bool:
@@ -108,14 +120,14 @@ def vector_context(retriever: Retriever, question: str, budget: int, types: tupl
 
 
 def fill_sections(retriever: Retriever, sections: list[tuple[np.ndarray, np.ndarray, float]],
-                  budget: int) -> tuple[np.ndarray, np.ndarray]:
+                  budget: int, carry: float = 0.0, used_total: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Rows for a context made of sections, each (candidate rows, their scores, share of the budget),
-    filled in order; what a section leaves unused passes to the next. Returns kept rows and a score
-    per node row (for display: a node's score within its section)."""
+    filled in order; what a section leaves unused passes to the next (`carry`, `used_total`: what
+    sections filled before these left and used). Returns kept rows and a score per node row (for
+    display: a node's score within its section)."""
     scores = np.zeros(len(retriever.ids), dtype=np.float64)
     kept: list[np.ndarray] = []
     taken = np.zeros(len(retriever.ids), dtype=bool)
-    carry, used_total = 0.0, 0
     for rows, values, share in sections:
         allowance = int(share * budget + carry)
         rows = np.asarray(rows, dtype=np.int64)
@@ -360,13 +372,17 @@ GRAPHRAG_SHARES = {"communities": 0.15, "local": 0.35, "chunks": 0.5}
 entity and relationship tables the rest."""
 
 
-def graphrag_local(setup: Setup, question: str, budget: int) -> Retrieval:
+def graphrag_local(setup: Setup, question: str, budget: int, level: int | None = None) -> Retrieval:
     """GraphRAG-style local search (paper appendix B.2; Edge et al. 2024, local search mode): the
     question's embedding selects the entities with the closest description embeddings; the context
-    holds community summaries of their communities (H nodes, ranked by how many selected entities
-    the community holds), the entities' descriptions and relationships (those joining two selected
-    entities first), and the chunks they come from, in GraphRAG's default proportions. Simplified:
-    one community level (Leiden, not hierarchical); descriptions are A nodes or mentioning units."""
+    holds community summaries of their communities (ranked by how many selected entities the
+    community holds), the entities' descriptions and relationships (those joining two selected
+    entities first), and the chunks they come from, in GraphRAG's default proportions. Without a
+    `level`: one community level, NodeRAG's own (Leiden), its summaries our H nodes; with one, the
+    reports of that level of the hierarchy (`hierarchy.graphrag`, C0 the coarsest). Descriptions
+    are A nodes or mentioning units."""
+    from . import hierarchy
+
     retriever = setup.retriever
     question = retriever.check_question(question)
     started = time.perf_counter()
@@ -377,31 +393,61 @@ def graphrag_local(setup: Setup, question: str, budget: int) -> Retrieval:
     best = np.argsort(-entity_similarity, kind="stable")[:GRAPHRAG_TOP_ENTITIES]
     entity = np.zeros(len(retriever.ids), dtype=np.float64)
     entity[side.entities[best]] = np.maximum(entity_similarity[best], 1e-6)
-    high = retriever.rows_by_type["H"]
-    chosen_communities = side.community[side.entities[best]]
-    votes = Counter(chosen_communities.tolist())
-    community_votes = np.array([votes.get(c, 0) for c in side.community[high].tolist()], dtype=np.float64)
-    community_scores = community_votes + similarity[high]  # ties: closer summary first
-    community_scores[community_votes == 0] = 0.0
     relation = side.kind["R-N"] @ (entity > 0).astype(np.float64)  # 2 = joins two selected entities
     relation[side.relations] += 0.5 * np.maximum(_dot(side.relation_vectors, query), 0.0) * (relation[side.relations] > 0)
     description_rows, description_values = side.description_candidates(entity, similarity)
     chunk_rows, chunk_values = side.chunk_scores(side.kind["S-N"] @ entity)
-    sections = [(high, community_scores, GRAPHRAG_SHARES["communities"]),
-                (description_rows, description_values, GRAPHRAG_SHARES["local"] / 2),
+    sections = [(description_rows, description_values, GRAPHRAG_SHARES["local"] / 2),
                 (side.relations, relation[side.relations], GRAPHRAG_SHARES["local"] / 2),
                 (chunk_rows, chunk_values, GRAPHRAG_SHARES["chunks"])]
-    rows, scores = fill_sections(retriever, sections, budget)
-    return _finish(retriever, question, rows, scores, started)
+    allowance = int(GRAPHRAG_SHARES["communities"] * budget)
+    if level is None:
+        high = retriever.rows_by_type["H"]
+        votes = Counter(side.community[side.entities[best]].tolist())
+        community_votes = np.array([votes.get(c, 0) for c in side.community[high].tolist()], dtype=np.float64)
+        community_scores = community_votes + similarity[high]  # ties: closer summary first
+        community_scores[community_votes == 0] = 0.0
+        rows, scores = fill_sections(retriever, [(high, community_scores, GRAPHRAG_SHARES["communities"]), *sections],
+                                     budget)
+        return _finish(retriever, question, rows, scores, started)
+    h = setup.hierarchy("graphrag")
+    labels = h.labels[min(level, h.levels - 1)]
+    held = labels[np.searchsorted(h.base, side.entities[best])]
+    votes = Counter(held[held >= 0].tolist())
+    candidates = np.asarray(sorted(votes), dtype=np.int64)
+    report_scores = np.array([votes[c] for c in candidates.tolist()], np.float64) + \
+        np.maximum(h.vectors[candidates] @ query, 0.0) if len(candidates) else np.zeros(0)
+    chosen, used = hierarchy.fill_reports(h, candidates, report_scores, allowance)
+    rows, scores = fill_sections(retriever, sections, budget, carry=allowance - used, used_total=used)
+    result = _finish(retriever, question, rows, scores, started)
+    result.nodes = hierarchy.report_nodes(h, "C", chosen, dict(zip(candidates.tolist(), report_scores.tolist(),
+                                                                        strict=True))) + result.nodes
+    result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
+    return result
 
 
-def graphrag_global(setup: Setup, question: str, budget: int) -> Retrieval:
+def graphrag_global(setup: Setup, question: str, budget: int, level: int | None = None) -> Retrieval:
     """GraphRAG-style global search (paper appendix B.2, B.4; Edge et al. 2024 §3.1.6): community
-    summaries only. GraphRAG has an LLM rate every community report (map) and keeps the best
-    (reduce); here the H nodes are rated by vector similarity to the question (offline, no LLM),
-    and the best are kept within the budget. H nodes summarise communities, so support recall,
-    which counts only nodes derived from a passage, is 0 by construction."""
-    return vector_context(setup.retriever, question, budget, ("H",), dedupe=False)
+    summaries only. GraphRAG has an LLM rate every community report of the level (map) and keeps
+    the best (reduce); here the reports are rated by vector similarity to the question (offline,
+    no LLM), and the best are kept within the budget. Without a `level`: NodeRAG's own H nodes; with
+    one, that level's reports. Summaries cover whole communities, so support recall, which counts
+    only nodes derived from a passage, is 0 by construction."""
+    if level is None:
+        return vector_context(setup.retriever, question, budget, ("H",), dedupe=False)
+    from . import hierarchy
+
+    retriever = setup.retriever
+    question = retriever.check_question(question)
+    started = time.perf_counter()
+    h = setup.hierarchy("graphrag")
+    candidates = h.at(min(level, h.levels - 1))
+    scores = np.maximum(h.vectors[candidates] @ retriever.embed_question(question), 1e-9)
+    chosen, _ = hierarchy.fill_reports(h, candidates, scores, budget)
+    result = Retrieval(question=question)
+    result.nodes = hierarchy.report_nodes(h, "C", chosen, dict(zip(candidates.tolist(), scores.tolist(), strict=True)))
+    result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
+    return result
 
 
 HIPPO_ALPHA = 0.5
