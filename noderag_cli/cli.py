@@ -613,6 +613,9 @@ def ablate(
       no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank
     Baselines: naive, hyde, lightrag-local, lightrag-global, lightrag-hybrid,
       graphrag-local, graphrag-global, hipporag
+    Seed systems: archrag, archrag-single-layer, archrag-leiden,
+      archrag-entity-only, graphrag-local-c0 ... graphrag-local-c3,
+      graphrag-global-c0 ... graphrag-global-c3
     """
     from .evaluate import ablate as ablation
 

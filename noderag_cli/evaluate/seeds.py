@@ -34,7 +34,7 @@ from .baselines import (
     graphrag_local,
 )
 
-ARCHRAG_TOP = 5  # nearest per layer
+ARCHRAG_TOP = 10  # nearest per layer (as many entities as the GraphRAG re-implementation selects)
 ARCHRAG_FILTER = 0.8  # of a layer's best cosine, to be kept
 ARCHRAG_SHARES = {"communities": 0.4, "entities": 0.3, "chunks": 0.3}
 
