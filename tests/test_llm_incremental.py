@@ -185,13 +185,19 @@ def test_an_llm_answer_cites_numbered_context_lines(built, tmp_path):
     assert "citations" not in json.loads(offline.stdout)  # the extractive answer names its sources itself
 
 
-def test_hyde_asks_through_the_engine_and_a_second_ablate_pays_nothing(built, tmp_path):
+def _ablate_inputs(built: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the session's build, and a question file of one question about it."""
     from conftest import copy_workspace
 
     workspace = copy_workspace(built, tmp_path / "ws")
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question": "Who founded the Sound Maritime Society?",
                                      "answers": ["Josiah Penrake"]}) + "\n")
+    return workspace, questions
+
+
+def test_hyde_asks_through_the_engine_and_a_second_ablate_pays_nothing(built, tmp_path):
+    workspace, questions = _ablate_inputs(built, tmp_path)
     with FaultServer(default="good") as server:
         config = _config(tmp_path, server.url)
         args = ("ablate", workspace, "--questions", questions, "--variants", "hyde", "--budgets", "1000",
@@ -213,12 +219,7 @@ def test_seed_systems_summarise_through_the_engine_once(built, tmp_path):
     """ArchRAG and GraphRAG's levels with an LLM engine: their community reports are asked of the
     model on the first ablate run; a second run asks nothing (the workspace keeps the hierarchy),
     nor does a run after its files are gone (every reply is in the workspace cache)."""
-    from conftest import copy_workspace
-
-    workspace = copy_workspace(built, tmp_path / "ws")
-    questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"question": "Who founded the Sound Maritime Society?",
-                                     "answers": ["Josiah Penrake"]}) + "\n")
+    workspace, questions = _ablate_inputs(built, tmp_path)
     with FaultServer(default="good") as server:
         config = _config(tmp_path, server.url)
         args = ("ablate", workspace, "--questions", questions, "--variants", "archrag,graphrag-global-c1",

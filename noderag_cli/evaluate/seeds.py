@@ -101,6 +101,7 @@ def _graphrag_level(level: int, search):
         h = setup.hierarchy("graphrag")
         if search is graphrag_global:
             reports = h.at(min(level, h.levels - 1))
+            reports = reports[h.tokens[reports] > 0]
             setup.notes.append(f"graphrag-global-c{level}: {len(reports)} community reports of "
                                f"{int(h.tokens[reports].sum()):,} tokens, what GraphRAG's map step would read per question")
         return lambda q, b: search(setup, q, b, level)
