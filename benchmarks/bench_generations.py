@@ -104,7 +104,7 @@ def query_modules(workspace: Path, question: str) -> list[str]:
 MEMORY_PROBE = """
 import re, sys
 from noderag_cli import api, cli  # what a query process imports
-session = api.open_workspace(sys.argv[1])  # what `noderag query --context-only` does
+session = api.open_workspace(sys.argv[1], compiled=False)  # what `noderag query --context-only` does
 session.ask(sys.argv[2], answer=False)
 status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
 mapped = 0
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import_only = [sys.executable, "-c", "import importlib, sys\nfor m in sys.argv[1:]:\n"
                    "    try:\n        importlib.import_module(m)\n    except Exception:\n        pass", *modules]
     opener = ("import sys, time\nfrom noderag_cli import api\nt = time.perf_counter()\n"
-              "session = api.open_workspace(sys.argv[1])\nprint(time.perf_counter() - t)")
+              "session = api.open_workspace(sys.argv[1], compiled=False)\nprint(time.perf_counter() - t)")
     measured: dict[str, list[tuple[float, float]]] = {k: [] for k in ("import", "musique", "large")}
     opened: dict[str, list[float]] = {"musique": [], "large": []}
     for run in range(args.runs):

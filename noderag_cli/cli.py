@@ -365,7 +365,8 @@ def query(
     flags = {"budget": budget, "top_k": top_k, "iterations": iterations, "alpha": alpha}
     changes = {CONFIG_DEFAULTS[flag].split(".")[1]: value for flag, value in flags.items() if value is not None}
     items = _run(lambda: read_question_lines(questions)) if questions is not None else []
-    session = _run(lambda: api.open_workspace(workspace, config_path=config))
+    compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
+    session = _run(lambda: api.open_workspace(workspace, config_path=config, compiled=compiled))
     params = _run(lambda: session.search_settings(**changes))
     if questions is not None:
         code = _run(lambda: _answer_lines(session, questions, items, not context_only, params))

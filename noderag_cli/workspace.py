@@ -438,7 +438,7 @@ class Generation:
     def array(self, name: str) -> np.ndarray:
         file = f"{name}.npy"
         try:
-            # copy-on-write: the file's pages shared, and a stray write stays in this process, never in the build
+            # copy-on-write: writeable arrays (as the kernels are compiled for) that share the file's pages
             return np.load(self.path(file), mmap_mode="c", allow_pickle=False)
         except FileNotFoundError:
             raise self.damaged(file, "missing") from None

@@ -46,7 +46,7 @@ def signature(result) -> list:
 
 
 def answers(workspace: Path) -> dict[str, list]:
-    with api.open_workspace(workspace) as session:
+    with api.open_workspace(workspace, compiled=False) as session:
         return {q: signature(session.retrieve(q)) for q in QUESTIONS}
 
 
@@ -85,7 +85,7 @@ LOOP = textwrap.dedent("""
     while not stop.exists() or done < int(sys.argv[4]):
         question = questions[done % len(questions)]
         try:
-            with api.open_workspace(workspace) as session:
+            with api.open_workspace(workspace, compiled=False) as session:
                 result = session.retrieve(question)
                 line = {"question": question, "nodes": [[n.id, n.score] for n in result.nodes],
                         "generation": session.generation}
@@ -149,7 +149,7 @@ def test_queries_during_updates_always_answer_from_a_complete_build(built, secon
 def test_an_open_build_is_not_removed_under_its_reader(built, second_corpus, tmp_path):
     workspace = copy_workspace(built, tmp_path / "ws")
     first = build_file(workspace, "").name
-    with api.open_workspace(workspace) as session:
+    with api.open_workspace(workspace, compiled=False) as session:
         before = signature(session.retrieve(QUESTIONS[0]))
         index(workspace, second_corpus)
         assert (workspace / "generations" / first).is_dir()  # held: kept

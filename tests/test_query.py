@@ -243,6 +243,21 @@ def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
     assert run.returncode == 2 and "not bundled" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
+    """The kernels (compiled, the API's default) and the numpy path (one-shot CLI questions) give
+    the same nodes, scores and order, for the default search and the paper's variants."""
+    plain = api.open_workspace(workspace, compiled=False)
+    assert plain.retriever.kernels is None and session.retriever.kernels is not None
+    base = session.retriever.config.search
+    settings = [{}, {"budget_tokens": 300}, {"similarity_weight": 1.0}, {"ppr_iterations": 1}, {"cross_s": 3, "cross_r": 0},
+                {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}]
+    for update in settings:
+        params = base.model_copy(update=update)
+        for item in QUESTIONS:
+            fast, slow = session.retrieve(item["question"], params), plain.retrieve(item["question"], params)
+            assert [(n.id, n.score) for n in fast.nodes] == [(n.id, n.score) for n in slow.nodes], (update, item)
+
+
 def test_the_int8_scan_finds_the_exact_top_k(session, monkeypatch):
     import numpy as np
 

@@ -120,15 +120,49 @@ def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
 
 
 @pytest.mark.parametrize("integer", [True, False])
-def test_the_compact_walk_matrix_is_p(integer):
-    """WalkMatrix holds P (the row-normalised adjacency): the same entries in the same order, the same
-    bits; whole-number weights travel as bytes."""
+def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
+    from noderag_cli.search import kernels
+
     rng = np.random.default_rng(11)
-    for _ in range(40):
+    for trial in range(40):  # sparse and dense graphs: the kernel gathers a step's support both ways
         n = int(rng.integers(5, 400))
         adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer)
         p_matrix = transition(adjacency)
         walk = WalkMatrix.from_adjacency(adjacency)
-        assert (walk.weights.dtype == np.uint8) == integer
+        indptr, indices, weights, inverse = walk.indptr, walk.indices, walk.weights, walk.inverse
+        assert (weights.dtype == np.uint8) == integer  # whole-number weights travel as bytes
+        # the compact form is P: the same entries in the same order, the same bits
         assert np.array_equal(walk.as_csr().indices, p_matrix.indices)
         assert np.array_equal(walk.as_csr().data, p_matrix.data)
+        entries = np.unique(rng.integers(0, n, int(rng.integers(1, 6))))
+        iterations = int(rng.integers(0, 5))
+        alpha = float(rng.choice([0.15, 0.5, 0.85]))
+        min_mass = float(rng.choice([0.0, 1e-3, 1e-2]))
+        expected = shallow_ppr(walk, entries, alpha, iterations, min_mass=min_mass)
+        scratch = np.zeros(n)
+        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch,
+                                          min_mass)
+        assert np.array_equal(support, expected[0]), trial
+        assert np.array_equal(mass, expected[1]), trial  # same sums in the same order: same bits
+        assert not scratch.any()  # handed back cleared
+
+
+def test_the_budget_kernel_equals_fit_budget():
+    from noderag_cli.search import kernels
+
+    rng = np.random.default_rng(5)
+    vocabulary = [f"statement number {i} of the corpus." for i in range(40)]
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        keys = [frozenset(rng.choice(vocabulary, int(rng.integers(0, 4)), replace=False).tolist()) for _ in range(n)]
+        tokens = rng.integers(1, 80, n).astype(np.int32)
+        rows = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        priority = np.round(rng.random(len(rows)), 1)  # ties, broken by row
+        budget = int(rng.integers(1, 400))
+        key_id = {k: i for i, k in enumerate(vocabulary)}
+        key_indptr = np.r_[0, np.cumsum([len(k) for k in keys])].astype(np.int64)
+        key_ids = np.array([key_id[k] for ks in keys for k in sorted(ks)], np.int64)
+        shown = np.zeros(len(vocabulary), bool)
+        got = kernels.fit_budget(rows[np.lexsort((rows, -priority))], tokens, budget, key_indptr, key_ids, shown)
+        assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids)).tolist()
+        assert not shown.any()

@@ -12,6 +12,7 @@ returns is in `results.py`.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import faiss
@@ -52,8 +53,16 @@ CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER 
                          for t in TYPE_CODE], dtype=np.int8)  # by type code
 
 
+def _load_kernels() -> None:
+    """Import the compiled kernels and load them from numba's cache (or compile them, once per
+    installation): ~0.7 s, spent on a thread while the workspace loads."""
+    from . import kernels
+
+    kernels.warm_up()
+
+
 def _mapped(array: np.ndarray) -> np.ndarray:
-    """A plain ndarray over a memory-mapped one."""
+    """A plain ndarray over a memory-mapped one (the kernels are compiled for plain arrays)."""
     return np.asarray(array)
 
 
@@ -72,9 +81,17 @@ def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[
 
 
 class Retriever:
-    """A build opened for search: the steps of a question over the memory-mapped generation."""
+    """A build opened for search. With `compiled`, the walk, the selection and the budget run as
+    numba kernels (search/kernels.py): a third less time per question (~0.5 ms) for ~0.7 s more to
+    open the workspace, worth it from about a thousand questions per process
+    (api.COMPILED_FROM_QUESTIONS); without, as numpy and Python. Both give the same results to the
+    bit (tests/test_search_parts.py, tests/test_query.py)."""
 
-    def __init__(self, generation: Generation, config: Config, engine: Engine, embedder: Embedder):
+    def __init__(self, generation: Generation, config: Config, engine: Engine, embedder: Embedder,
+                 compiled: bool = True):
+        loading = threading.Thread(target=_load_kernels, name="noderag-kernels", daemon=True) if compiled else None
+        if loading is not None:
+            loading.start()
         recorded = generation.manifest.get("embedding") or {}
         if recorded and (recorded.get("model") != embedder.model_id or recorded.get("dim") != embedder.dim):
             raise WorkspaceError(
@@ -111,12 +128,28 @@ class Retriever:
         self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(data.array(n)) for n in WALK_ARRAYS))}
         self.leads_indptr, self.leads_indices = _mapped(data.array("leads_indptr")), _mapped(data.array("leads_indices"))
         self.key_indptr, self.key_ids = _mapped(data.array("key_indptr")), _mapped(data.array("key_ids"))
+        self.key_count = int(meta["sentence_keys"])
         self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
         self.document_names = data.arrow("document_names")["path"]
         self._paths: dict[int, str] = {}  # filled as paths are shown
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
+        self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
+        self.kernels = None
+        if loading is not None:
+            loading.join()
+            from . import kernels
+
+            self.kernels = self.vector_side.kernels = kernels
+
+    def _scratch(self, name: str, size: int, dtype) -> np.ndarray:
+        """A zeroed array the kernels use and leave zeroed, made once per session and thread (its
+        pages are the operating system's zero pages until written), never per question."""
+        key = (name, size, threading.get_ident())
+        if key not in self._scratches:
+            self._scratches[key] = np.zeros(size, dtype)
+        return self._scratches[key]
 
     def _read_index(self, file: str) -> faiss.Index:
         path = self.generation.path(file)
@@ -241,7 +274,11 @@ class Retriever:
 
         t0 = time.perf_counter()
         rows, relevance = self.select(support, mass, entries, params, query_vector)  # rows ascending
-        kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
+        if self.kernels is not None:
+            kept = self.kernels.fit_budget(rows[np.lexsort((rows, -relevance))], self.tokens, params.budget_tokens,
+                                           self.key_indptr, self.key_ids, self._scratch("keys", self.key_count, bool))
+        else:
+            kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
         result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
         result.smallest_match_tokens = int(self.tokens[rows].min()) if len(rows) else 0
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
@@ -249,9 +286,15 @@ class Retriever:
         return result
 
     def walk(self, entries: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
-        """Shallow PPR from the entry points: (support rows sorted, mass)."""
-        return shallow_ppr(self.walk_matrix(params.similarity_weight), entries, params.ppr_alpha, params.ppr_iterations,
-                           params.ppr_variant, params.ppr_min_mass)
+        """Shallow PPR from the entry points: (support rows sorted, mass); the paper's walk runs as a
+        kernel when compiled."""
+        walk = self.walk_matrix(params.similarity_weight)
+        if self.kernels is None or params.ppr_variant != "paper":
+            return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant,
+                               params.ppr_min_mass)
+        return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, np.unique(entries),
+                                      params.ppr_alpha, params.ppr_iterations, self._scratch("walk", walk.n, np.float64),
+                                      params.ppr_min_mass)
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
                query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +306,8 @@ class Retriever:
         (alpha/|entries| for an entry point, which would otherwise outrank every cross node);
         every retrievable node the walk reached is scored by sqrt(walk) x similarity to the
         question (its cosine, computed for the reached nodes, or taken from `similarities`, a full
-        scan of the S, A and H vectors, where given) and the quota best of each type are kept. R nodes, never
+        scan of the S, A and H vectors, where given) and the quota best of each type are kept (the
+        same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
         embedded, take the mean similarity of the reached embedded nodes at half weight, on one
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes."""
@@ -293,6 +337,12 @@ class Retriever:
         similarity[embedded] = np.maximum(found, 0.0)
         relation_similarity = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
         entries = np.unique(entries)
+        if self.kernels is not None:
+            quotas = np.array([params.cross_t, params.cross_s, params.cross_a, params.cross_h, params.cross_r], np.int64)
+            chosen, scores = self.kernels.select_walk(support, mass, entries, params.ppr_alpha, codes, similarity,
+                                                      relation_similarity, self.leads_indptr, self.leads_indices,
+                                                      quotas, params.cross_a, params.chunk_weight)
+            return support[chosen], scores
         is_entry = np.zeros(len(support), dtype=bool)
         is_entry[np.searchsorted(support, entries)] = True
         walk = mass.copy()

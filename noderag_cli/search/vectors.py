@@ -89,6 +89,7 @@ class VectorSide:
         self._scan8_index, self.scan8_scale, self.scan8_error = scan8 or (None, 0.0, 0.0)
         self.clusters = clusters  # (unit centroids, indptr, vector rows, int8 codes) in a large build
         self.probes = probes
+        self.kernels = None  # search/kernels.py, once the retriever has loaded it
         self._by_types: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     @functools.cached_property
@@ -104,8 +105,15 @@ class VectorSide:
         return position
 
     def cosines(self, query: np.ndarray, vector_rows: np.ndarray) -> np.ndarray:
-        """The query's cosine to each given vector row."""
-        return inner_products_at(self.vectors, query, vector_rows)
+        """The query's cosine to each given vector row: the rows widened to float32 (by the compiled
+        kernel where the retriever loaded them, else by `widen`: the same values), then
+        `inner_products`."""
+        rows = np.asarray(vector_rows, dtype=np.int64)
+        if self.kernels is not None and self.vectors.dtype == np.float16:
+            wide = np.empty((len(rows), self.vectors.shape[1]), np.float32)
+            self.kernels.widen_half(self.vectors.view(np.uint16), rows, wide)
+            return inner_products(wide, query)
+        return inner_products(widen(self.vectors, rows), query)
 
     def typed(self, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(vector rows, their vectors) of the given node types, gathered once per type set."""

@@ -1,0 +1,231 @@
+"""The query path's per-node loops, compiled with numba.
+
+The walk and the selection touch a few thousand nodes per question; as numpy they were some
+sixty array calls, whose fixed costs, not the arithmetic, made most of a query's time. Here they
+are plain loops, compiled once (cached on disk beside this file).
+
+Each kernel performs the same floating-point operations in the same order as its numpy
+counterpart, which the retriever keeps and runs when it is opened without kernels (a single CLI
+question, where their ~0.7 s load would outweigh what they save): `ppr.shallow_ppr`,
+`Retriever.select` and `context.fit_budget`. So the scores and every tie are bit-for-bit the
+same either way (tests/test_search_parts.py, tests/test_query.py).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+CHUNK, UNIT, ATTRIBUTE, HIGH_LEVEL, RELATION, ENTITY, OVERVIEW = range(7)  # type codes: "TSAHRNO", as retriever.TYPE_CODE
+
+
+@numba.njit(cache=True)
+def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iterations, scratch, min_mass=0.0):
+    """pi_t = alpha p + (1 - alpha) P^T pi_(t-1) from the uniform start on `entries` (sorted,
+    distinct), as (support sorted, mass). P is given as the adjacency's CSR arrays and each row's
+    inverse degree (P's entry is inverse_degree[row] x weight, computed here as scipy computed it),
+    a third of P's memory, which is what a step's cost follows. Each step adds every gathered entry
+    into `scratch` in row order (as np.bincount does), then scales by (1 - alpha) and adds the
+    teleport share on the entries. `scratch` (float64, one slot per node) comes in zeroed and is
+    left zeroed; a slot still 0 is a node not reached yet (every contribution is positive)."""
+    start = 1.0 / len(entries)
+    support = entries.copy()
+    mass = np.full(len(entries), start)
+    for _ in range(iterations):
+        total = len(entries)
+        for i in range(len(support)):
+            if mass[i] > min_mass * (indptr[support[i] + 1] - indptr[support[i]]):
+                total += indptr[support[i] + 1] - indptr[support[i]]
+        touched = np.empty(total, np.int64)
+        count = 0
+        for i in range(len(support)):
+            row, share = support[i], mass[i]
+            if share <= min_mass * (indptr[row + 1] - indptr[row]):
+                continue  # as shallow_ppr: too faint to spread
+            inverse = inverse_degree[row]
+            for j in range(indptr[row], indptr[row + 1]):
+                column = indices[j]
+                if scratch[column] == 0.0:
+                    touched[count] = column
+                    count += 1
+                scratch[column] += (inverse * weights[j]) * share
+        for entry in entries:
+            if scratch[entry] == 0.0:
+                touched[count] = entry
+                count += 1
+        if count * 8 < len(scratch):
+            support = np.sort(touched[:count])
+        else:  # most of the graph reached (deep walks): one pass over the nodes beats sorting them
+            support = np.empty(count, np.int64)
+            k = entry = 0
+            for node in range(len(scratch)):
+                is_entry = entry < len(entries) and node == entries[entry]
+                if is_entry:
+                    entry += 1
+                if is_entry or scratch[node] != 0.0:
+                    support[k] = node
+                    k += 1
+        mass = np.empty(count)
+        entry = kept = 0
+        for i in range(count):
+            node = support[i]
+            value = scratch[node] * (1 - alpha)
+            if entry < len(entries) and node == entries[entry]:
+                value += alpha * start
+                entry += 1
+            scratch[node] = 0.0
+            if value > min_mass:  # as shallow_ppr: let go of what carries min_mass or less
+                support[kept] = node
+                mass[kept] = value
+                kept += 1
+        support, mass = support[:kept], mass[:kept]
+    return support, mass
+
+
+@numba.njit(inline="always")
+def _offer(best_at, best, size, quota, position, value):
+    """Keep the `quota` best (value descending, earlier position first) of the offers in
+    best_at/best; positions arrive in ascending order, so an equal value never displaces."""
+    if size < quota:
+        slot = size
+        size += 1
+    elif value > best[quota - 1]:
+        slot = quota - 1
+    else:
+        return size
+    while slot > 0 and best[slot - 1] < value:
+        best[slot] = best[slot - 1]
+        best_at[slot] = best_at[slot - 1]
+        slot -= 1
+    best[slot] = value
+    best_at[slot] = position
+    return size
+
+
+@numba.njit(cache=True)
+def select_walk(support, mass, entries, alpha, codes, similarity, relation_similarity, leads_indptr, leads_indices,
+                quotas, cross_a, chunk_weight):
+    """Positions in `support` of the retrieved nodes, ascending, and their scores, as
+    `Retriever.select` defines them for rank "walk_similarity": entry points of retrievable
+    types; the A and H nodes next to entry N and O nodes and to the `cross_a` entities of most
+    walk mass; and per type T, S, A, H, R the `quotas` best non-entry nodes by
+    sqrt(walk) x similarity (chunks x `chunk_weight`; R nodes at `relation_similarity`)."""
+    n = len(support)
+    is_entry = np.zeros(n, np.bool_)
+    walk = mass.copy()
+    teleport = alpha / len(entries)
+    entry = 0
+    for i in range(n):
+        if entry < len(entries) and support[i] == entries[entry]:
+            is_entry[i] = True
+            walk[i] = max(walk[i] - teleport, 0.0)
+            entry += 1
+    chosen = np.zeros(n, np.bool_)
+    leaders = np.empty(n + max(cross_a, 0), np.int64)
+    count = 0
+    top_at, top = np.empty(max(cross_a, 1), np.int64), np.empty(max(cross_a, 1))
+    entities = 0
+    for i in range(n):
+        code = codes[i]
+        if is_entry[i]:
+            if code <= RELATION:
+                chosen[i] = True
+            elif code == ENTITY or code == OVERVIEW:
+                leaders[count] = i
+                count += 1
+        elif code == ENTITY and walk[i] > 0 and cross_a > 0:
+            entities = _offer(top_at, top, entities, cross_a, i, walk[i])
+    for k in range(entities):
+        leaders[count] = top_at[k]
+        count += 1
+    for k in range(count):
+        node = support[leaders[k]]
+        for j in range(leads_indptr[node], leads_indptr[node + 1]):
+            chosen[np.searchsorted(support, leads_indices[j])] = True  # reached from mass: in the support
+    width = max(quotas.max(), 1)
+    best_at, best = np.empty((5, width), np.int64), np.empty((5, width))
+    sizes = np.zeros(5, np.int64)
+    score = np.zeros(n)
+    for i in range(n):
+        code = codes[i]
+        if code > RELATION:
+            continue
+        value = np.sqrt(walk[i]) * (relation_similarity if code == RELATION else similarity[i])
+        if code == CHUNK:
+            value *= chunk_weight
+        score[i] = value
+        if not is_entry[i] and value > 0 and quotas[code] > 0:
+            sizes[code] = _offer(best_at[code], best[code], sizes[code], quotas[code], i, value)
+    for code in range(5):
+        for k in range(sizes[code]):
+            chosen[best_at[code, k]] = True
+    positions = np.flatnonzero(chosen)
+    return positions, score[positions]
+
+
+@numba.njit(cache=True)
+def fit_budget(ordered, tokens, budget, key_indptr, key_ids, shown):
+    """`context.fit_budget` with sentence keys, on key ids: of the rows `ordered` (by priority,
+    ties by row), those that fit the budget and repeat no sentence already kept. A node's sentence
+    keys are key_ids[key_indptr[node]:key_indptr[node + 1]]; `shown` (one flag per key id) comes in
+    cleared and is left cleared."""
+    smallest = budget + 1
+    for node in ordered:
+        if tokens[node] <= budget and tokens[node] < smallest:
+            smallest = tokens[node]
+    kept = np.empty(len(ordered), np.int64)
+    count, used = 0, 0
+    for node in ordered:
+        cost = tokens[node]
+        if cost > budget or used + cost > budget:
+            continue
+        repeats = False
+        for j in range(key_indptr[node], key_indptr[node + 1]):
+            if shown[key_ids[j]]:
+                repeats = True
+                break
+        if repeats:
+            continue
+        for j in range(key_indptr[node], key_indptr[node + 1]):
+            shown[key_ids[j]] = True
+        kept[count] = node
+        count += 1
+        used += cost
+        if budget - used < smallest:
+            break
+    for k in range(count):
+        node = kept[k]
+        for j in range(key_indptr[node], key_indptr[node + 1]):
+            shown[key_ids[j]] = False
+    return kept[:count]
+
+
+HALF_SCALE = np.array([2.0**-24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
+"""Per half-precision exponent field, what its 11-bit significand is worth (the first: subnormals)."""
+
+
+@numba.njit(cache=True)
+def widen_half(codes, rows, out):
+    """out[i] = row rows[i] of half-precision vectors (their bits as uint16), as float32, exactly:
+    a normal half is (1024 + significand) x 2^(exponent - 25), a subnormal significand x 2^-24.
+    The same values as `vectors.widen`'s table, which numpy gathers some times slower."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(codes.shape[1]):
+            h = codes[r, j]
+            e = (h >> 10) & 0x1F
+            value = np.float32((h & 0x3FF) + (1024 if e > 0 else 0)) * HALF_SCALE[e]
+            out[i, j] = -value if h & 0x8000 else value
+
+
+def warm_up() -> None:
+    """Compile the kernels (or load them from numba's cache) for the array types the retriever
+    passes, so that no query pays for it."""
+    indptr, indices = np.array([0, 1, 2], np.int32), np.array([1, 0], np.int32)
+    support, mass = ppr_paper(indptr, indices, np.ones(2, np.uint8), np.ones(2), np.array([0], np.int64), 0.5, 1,
+                              np.zeros(2), 0.0)
+    select_walk(support, mass, np.array([0], np.int64), 0.5, np.array([UNIT, ENTITY], np.int8), np.zeros(len(support)), 0.0,
+                indptr, indices, np.ones(5, np.int64), 1, 0.3)
+    fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
+               np.array([0], np.int32), np.zeros(1, np.bool_))
+    widen_half(np.zeros((2, 4), np.uint16), np.array([1], np.int64), np.zeros((1, 4), np.float32))
