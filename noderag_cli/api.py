@@ -55,11 +55,15 @@ if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` 
     from .search.retriever import Retriever
 
 
-def workspace_config(ws: Workspace, config_path: Path | None = None, overrides: dict | None = None) -> Config:
-    """The config an `index` run uses: the file given, else the workspace's own snapshot, else defaults."""
+def workspace_config(ws: Workspace, config_path: Path | None = None, follow_symlinks: bool | None = None) -> Config:
+    """The config an `index` run uses: the file given, else the workspace's own snapshot, else
+    defaults; `follow_symlinks` (the CLI's flag), where given, over its `chunk.follow_symlinks`."""
     if config_path is None and ws.config_path.is_file():
         config_path = ws.config_path
-    return load_config(config_path, overrides)
+    config = load_config(config_path)
+    if follow_symlinks is not None:
+        config = config.model_copy(update={"chunk": changed(config.chunk, follow_symlinks=follow_symlinks)})
+    return config
 
 
 def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executor=None) -> Engine:
@@ -79,10 +83,10 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
-    reporter: Reporter | None = None, stop_after: str | None = None, overrides: dict | None = None,
+    reporter: Reporter | None = None, stop_after: str | None = None, follow_symlinks: bool | None = None,
 ) -> IndexResult:
-    """Index (or update) WORKSPACE from every .txt/.md file under input_folder. `overrides`:
-    dotted settings over the config (`{"chunk.follow_symlinks": True}`), kept in its snapshot.
+    """Index (or update) WORKSPACE from every .txt/.md file under input_folder. `follow_symlinks`,
+    where given, over the config's `chunk.follow_symlinks` (and kept in its snapshot).
 
     Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
     other embedding model, cannot be written); nothing is created before the input is checked.
@@ -90,7 +94,7 @@ def index(
     ws = Workspace(Path(workspace))
     ws.check_usable()
     check_input_folder(Path(input_folder))
-    config = config or workspace_config(ws, config_path, overrides)
+    config = config or workspace_config(ws, config_path, follow_symlinks)
     with ws.lock():
         problem = cache_damage(ws.cache_path)
         if problem:
@@ -360,15 +364,14 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
-         overrides: dict | None = None) -> dict:
+         follow_symlinks: bool | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
     pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
     and cost."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
-    config = (workspace_config(ws, config_path, overrides) if ws.root.is_dir()
-              else load_config(config_path, overrides))
+    config = workspace_config(ws, config_path, follow_symlinks)
     files = scan(Path(input_folder), config.chunk.extensions, config.chunk.max_file_bytes,
                  follow_symlinks=config.chunk.follow_symlinks)
     readable = [f for f in files if not f.reason]

@@ -248,9 +248,8 @@ def index(
     from . import api
 
     _json_mode(as_json)
-    overrides = {} if follow_symlinks is None else {"chunk.follow_symlinks": follow_symlinks}
     if dry_run:
-        plan = _run(lambda: api.plan(workspace, input, config_path=config, overrides=overrides))
+        plan = _run(lambda: api.plan(workspace, input, config_path=config, follow_symlinks=follow_symlinks))
         if as_json:
             _print_json(plan)
         else:
@@ -259,7 +258,7 @@ def index(
     with _bars() as bars:
         reporter = RichReporter(bars) if bars is not None else LineReporter()
         result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter,
-                                        overrides=overrides))
+                                        follow_symlinks=follow_symlinks))
     if as_json:
         _print_json({"workspace": str(workspace), **result.as_dict()})
     else:

@@ -148,7 +148,7 @@ def changed(section: _Section, **changes):
         raise ConfigError(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
 
 
-def load_config(path: Path | None = None, overrides: dict | None = None) -> Config:
+def load_config(path: Path | None = None) -> Config:
     data: dict = {}
     if path is not None:
         try:
@@ -166,9 +166,6 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Conf
     if path is not None and isinstance(llm, dict) and isinstance(llm.get("prompts"), str) \
             and not Path(llm["prompts"]).is_absolute():  # a prompt folder is where its config file says
         llm["prompts"] = str((Path(path).resolve().parent / llm["prompts"]).resolve())
-    for dotted, value in (overrides or {}).items():
-        section, key = dotted.split(".", 1)
-        data.setdefault(section, {})[key] = value
     try:
         return Config.model_validate(data)
     except ValidationError as err:
