@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from .. import nlp
 from ..engines.base import CommunityInput, Failure
+from ..graph import row_entries
 from ..index.communities import leiden_labels
 from ..search.results import RetrievedNode
 from ..workspace import Workspace, atomic_write_bytes, json_digest, parquet_bytes
@@ -187,9 +188,9 @@ def summarise(engine, statements: list[tuple[str, ...]]) -> list[str]:
 
 
 def _documents(retriever, rows: np.ndarray) -> list[str]:
-    codes = retriever.doc_codes[np.concatenate([np.arange(retriever.doc_indptr[r], retriever.doc_indptr[r + 1])
-                                                for r in rows.tolist()] or [np.zeros(0, np.int64)])]
-    return sorted(set(retriever._document_paths(np.unique(codes))))
+    """The paths of the documents the given workspace nodes come from, sorted."""
+    codes = np.unique(retriever.doc_codes[row_entries(retriever.doc_indptr, np.asarray(rows, np.int64))])
+    return sorted(retriever._document_paths(codes))
 
 
 # --------------------------------------------------------------------------- GraphRAG
