@@ -408,3 +408,23 @@ def test_seed_systems_on_tiny_graphs(tmp_path):
                 result = run("Who did Ada Lovelace meet?", budget)
                 assert result.context_tokens <= budget
                 assert [n.id for n in result.nodes] == [n.id for n in run("Who did Ada Lovelace meet?", budget).nodes]
+
+
+def test_a_damaged_or_unwritable_hierarchy_store_costs_a_rebuild_not_the_run(built, tmp_path):
+    """A kept hierarchy that cannot be read is rebuilt; a workspace where it cannot be written still
+    runs the variant. Each says so in the run's notes."""
+    from conftest import copy_workspace
+
+    ws = copy_workspace(built, tmp_path / "ws")
+    shutil.rmtree(ws / "evaluation", ignore_errors=True)
+    (ws / "evaluation").write_text("not a folder")
+    setup = Setup(api.open_workspace(ws).retriever, ws)
+    assert setup.hierarchy("archrag").levels >= 1
+    assert any("cannot write there" in note for note in setup.notes)
+    (ws / "evaluation").unlink()
+    Setup(api.open_workspace(ws).retriever, ws).hierarchy("archrag")
+    (kept,) = (ws / "evaluation").glob("archrag-*.parquet")
+    kept.write_bytes(b"garbage")
+    again = Setup(api.open_workspace(ws).retriever, ws)
+    assert again.hierarchy("archrag").levels >= 1
+    assert again.notes == [f"{kept.name}: unreadable, rebuilt"] and kept.read_bytes() != b"garbage"

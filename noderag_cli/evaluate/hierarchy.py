@@ -101,7 +101,11 @@ def load_or_build(setup, kind: str, build) -> Hierarchy:
         except (OSError, ValueError, KeyError, pa.ArrowException):
             setup.notes.append(f"{path.name}: unreadable, rebuilt")
     hierarchy = build()
-    atomic_write_bytes(path, _to_bytes(hierarchy))
+    try:
+        atomic_write_bytes(path, _to_bytes(hierarchy))
+    except OSError as err:  # it is a cache: the run goes on, and says so
+        setup.notes.append(f"{folder}: cannot write there ({err.strerror or err}); the {kind} hierarchy was "
+                           "built for this run only and will be built again next time")
     return hierarchy
 
 
