@@ -6,13 +6,16 @@ whose replies make the actual requests known. Estimated: `api.plan`. Actual: eve
 the server received, its prompt and reply tokens counted with the same tokenizer the estimate
 uses (the server's own usage figures count words). Target: calls and tokens within ±30%.
 
-    python -m benchmarks.bench_estimate
+With `--upstream URL` the fault server forwards every request to that OpenAI-compatible server
+(e.g. llama.cpp serving SmolLM2, `tests/llm_support/install_llm_server.sh`) and counts what it
+answered: the figure the issue asks to be reported for the local model.
+
+    python -m benchmarks.bench_estimate [--upstream http://127.0.0.1:PORT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import yaml
 
 from noderag_cli import api
 from noderag_cli.engines.pricing import count_tokens
-from tests.llm_support.fault_server import FaultServer, _task_of, rich_content
+from tests.llm_support.fault_server import FaultServer, _task_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "openai/fault-model"
@@ -30,8 +33,10 @@ TARGET = 0.30
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=ROOT / "sample_corpus")
+    parser.add_argument("--upstream", help="forward to this model server instead of answering in rich mode")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch, FaultServer(default="rich") as server:
+    server = FaultServer(default="good" if args.upstream else "rich", upstream=args.upstream)
+    with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch, server:
         config = Path(scratch) / "fault.yaml"
         config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": MODEL, "api_base": server.url,
                                                   "concurrency": 8}}))
@@ -46,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             row = actual.setdefault(task, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
             row["calls"] += 1
             row["input_tokens"] += count_tokens(MODEL, record.body["messages"])
-            reply = json.dumps(rich_content(record.body))
-            row["output_tokens"] += count_tokens(MODEL, [{"role": "assistant", "content": reply}])
+            row["output_tokens"] += count_tokens(MODEL, [{"role": "assistant", "content": record.reply}])
+    answered = f"SmolLM2 behind the fault server as a counting proxy (`--upstream {args.upstream}`)" \
+        if args.upstream else "fault server in rich mode"
     lines = ["## Dry-run estimate against the run", "",
-             f"`python -m benchmarks.bench_estimate`: {args.corpus.name}, fault server in rich mode; estimate from "
+             f"`python -m benchmarks.bench_estimate`: {args.corpus.name}, {answered}; estimate from "
              "`noderag index --dry-run`, actual from the requests the server received (same tokenizer).", "",
              "| task | calls est. / actual | input tokens est. / actual | output tokens est. / actual |",
              "|---|---:|---:|---:|"]

@@ -538,12 +538,9 @@ def export(
                   f"to {', '.join(written['files'])}")
 
 
-class _AblateBars:
-    """`evaluate.ablate.Progress` drawn with Rich: one bar for the run, named after the strategy running."""
-
-    def __init__(self, progress):
-        self.progress = progress
-        self.task = None
+class _AblateBars(RichReporter):
+    """`evaluate.ablate.AblationReporter` drawn with Rich: indexing stages as `index` draws them, then
+    one bar for the run, named after the strategy running."""
 
     def run_started(self, total: int) -> None:
         self.task = self.progress.add_task("ablate", total=total)
@@ -552,19 +549,12 @@ class _AblateBars:
         if self.task is not None:
             self.progress.update(self.task, description=name)
 
-    def advance(self, n: int = 1) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task, n)
-
     def note(self, message: str) -> None:
         _say("note:", "cyan", message)
 
-    def warn(self, message: str) -> None:
-        _warn(message)
-
 
 class _AblateLines(LineReporter):
-    """`evaluate.ablate.Progress` as plain lines (stderr not a terminal); also the indexing reporter."""
+    """`evaluate.ablate.AblationReporter` as plain lines (stderr not a terminal)."""
 
     def run_started(self, total: int) -> None:
         self._line(f"ablate: {total:,} searches to run")
@@ -620,12 +610,10 @@ def ablate(
 
     _json_mode(as_json)
     with _bars() as bars:
-        lines = _AblateLines() if bars is None else None
-        progress = lines or _AblateBars(bars)
-        reporter = lines or RichReporter(bars)
+        progress = _AblateLines() if bars is None else _AblateBars(bars)
         result = _run(lambda: ablation.run_from_args(
             workspace, questions, dataset, data, variants, budgets, out_dir, config, answer, limit,
-            progress=progress, reporter=reporter))
+            progress=progress))
     if ablation.PNG_SKIPPED in result.notes:
         _say("note:", "cyan", ablation.PNG_SKIPPED)
     if as_json:

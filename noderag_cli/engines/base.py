@@ -38,8 +38,9 @@ def identity(llm: LLMConfig, prompt_set=None) -> dict:
             "temperature": llm.temperature, "max_output_tokens": llm.max_output_tokens, "grounding": llm.grounding}
 
 
-Progress = Callable[[int], None]
-"""Called with the number of items just finished, so a stage can advance its bar."""
+Advance = Callable[[int], None]
+"""Called with the number of items just finished, so a stage can advance its bar (a
+`pipeline.Reporter`'s `advance`)."""
 
 
 
@@ -125,12 +126,12 @@ class Engine(Protocol):
     identity: dict
     stats: EngineStats
 
-    def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]: ...
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]: ...
 
-    def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]: ...
+    def attributes(self, items: Sequence[AttributeInput], progress: Advance | None = None) -> list[str | Failure]: ...
 
     def community_elements(
-        self, items: Sequence[CommunityInput], progress: Progress | None = None
+        self, items: Sequence[CommunityInput], progress: Advance | None = None
     ) -> list[list[Element] | Failure]: ...
 
     def query_entities(self, question: str) -> list[str]: ...

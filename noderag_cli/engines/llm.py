@@ -47,13 +47,13 @@ from ..errors import ConfigError, EngineError
 from ..workspace import Cache
 from . import grounding, prompts
 from .base import (
+    Advance,
     AttributeInput,
     ChunkInput,
     CommunityInput,
     Element,
     EngineStats,
     Failure,
-    Progress,
     TaskStats,
     Unit,
     identity,
@@ -232,21 +232,21 @@ class LiteLLMEngine:
         self.transport.account(stats, response)
 
     # -- public task methods -----------------------------------------------------------
-    def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]:
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
         return self._batch("decompose", list(chunks), progress)
 
-    def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
+    def attributes(self, items: Sequence[AttributeInput], progress: Advance | None = None) -> list[str | Failure]:
         return self._batch("attributes", list(items), progress)
 
     def community_elements(
-        self, items: Sequence[CommunityInput], progress: Progress | None = None
+        self, items: Sequence[CommunityInput], progress: Advance | None = None
     ) -> list[list[Element] | Failure]:
         return self._batch("community_elements", list(items), progress)
 
-    def query_entities_batch(self, questions: Sequence[str], progress: Progress | None = None) -> list[list[str] | Failure]:
+    def query_entities_batch(self, questions: Sequence[str], progress: Advance | None = None) -> list[list[str] | Failure]:
         return self._batch("query_entities", list(questions), progress)
 
-    def answer_batch(self, items: Sequence[tuple[str, str]], progress: Progress | None = None) -> list[str | Failure]:
+    def answer_batch(self, items: Sequence[tuple[str, str]], progress: Advance | None = None) -> list[str | Failure]:
         """Answers for (question, context) pairs, concurrently (for evaluation runs)."""
         return self._batch("answer", [(q, c) for q, c in items], progress)
 
@@ -305,7 +305,7 @@ class LiteLLMEngine:
             self._key_formats[task] = prompts.response_format_for(task, mode)
         return self._key_formats[task]
 
-    def _batch(self, task: str, items: list, progress: Progress | None) -> list:
+    def _batch(self, task: str, items: list, progress: Advance | None) -> list:
         """Each item's result: from the cache, else asked. A batch the cache answers whole needs
         neither litellm nor the server (an index run with nothing new starts as fast as offline);
         with `check_before_first_call`, the first batch with anything to ask checks the connection."""
@@ -340,7 +340,7 @@ class LiteLLMEngine:
         stats.cache_hits += hits + sum(len(rows) - 1 for rows in todo.values())
         return _Lookup(messages, results, todo, hits)
 
-    def _batch_on_cluster(self, task: str, items: list, lookup: _Lookup, progress: Progress | None) -> list:
+    def _batch_on_cluster(self, task: str, items: list, lookup: _Lookup, progress: Advance | None) -> list:
         """`_batch` with the uncached requests as tasks on a cluster's workers (`remote_batch`),
         each admitted by the cluster's one limiter; cache look-ups, cache writes and accounting
         stay here, so a rerun finds every finished reply as a local run would."""

@@ -26,13 +26,13 @@ from ..embeddings import Embedder
 from ..graph import normalize_name
 from ..workspace import Cache, json_digest
 from .base import (
+    Advance,
     AttributeInput,
     ChunkInput,
     CommunityInput,
     Element,
     EngineStats,
     Failure,
-    Progress,
     Unit,
     identity,
 )
@@ -135,7 +135,7 @@ class OfflineEngine:
         return results
 
     # decompose -----------------------------------------------------------------
-    def decompose(self, chunks: Sequence[ChunkInput], progress: Progress | None = None) -> list[list[Unit] | Failure]:
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
         results: list[list[Unit] | Failure] = []
         for chunk in chunks:
             results.append(decompose_chunk(chunk))
@@ -144,7 +144,7 @@ class OfflineEngine:
         return results
 
     # attributes ----------------------------------------------------------------
-    def attributes(self, items: Sequence[AttributeInput], progress: Progress | None = None) -> list[str | Failure]:
+    def attributes(self, items: Sequence[AttributeInput], progress: Advance | None = None) -> list[str | Failure]:
         def summary(payload: list) -> str | Failure:
             entity, item_texts = payload
             texts = _distinct(item_texts)
@@ -161,7 +161,7 @@ class OfflineEngine:
 
     # communities ---------------------------------------------------------------
     def community_elements(
-        self, items: Sequence[CommunityInput], progress: Progress | None = None
+        self, items: Sequence[CommunityInput], progress: Advance | None = None
     ) -> list[list[Element] | Failure]:
         """Per community: its texts grouped around diverse seeds, each group's central texts as the
         description (cached by the community's texts), titled by the group's tf-idf keywords

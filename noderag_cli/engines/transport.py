@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..workspace import Cache
-from .base import EngineStats, Progress, TaskStats
+from .base import Advance, EngineStats, TaskStats
 from .limiter import SlidingWindowLimiter
 from .pricing import price_of
 
@@ -132,7 +132,7 @@ class _LoopThread:
                 cls._instance = cls()
             return cls._instance
 
-    def run(self, make: Callable[[Callable[[int], None]], Awaitable[Any]], progress: Progress | None = None) -> Any:
+    def run(self, make: Callable[[Callable[[int], None]], Awaitable[Any]], progress: Advance | None = None) -> Any:
         """Run `make(report)` on the loop; `report(n)` reaches `progress` in this thread."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         done = object()
@@ -421,7 +421,7 @@ class Transport:
             params["num_ctx"] = self.context_window
         return params
 
-    def run(self, make: Callable[[Callable[[int], None]], Awaitable[Any]], progress: Progress | None = None) -> Any:
+    def run(self, make: Callable[[Callable[[int], None]], Awaitable[Any]], progress: Advance | None = None) -> Any:
         """`make(report)` run on the shared loop, `report(n)` reaching `progress` in this thread."""
         return _LoopThread.get().run(make, progress)
 

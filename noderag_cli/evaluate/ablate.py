@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AblationInputError, WorkspaceError
+from ..index.pipeline import Reporter
 from ..questions import Question, read_jsonl
 from ..search.results import Retrieval
 from ..workspace import Workspace
@@ -114,7 +115,7 @@ def dataset_paths(dataset: str, base: Path) -> tuple[Path, Path]:
 
 
 def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: Path,
-                    config_path: Path | None = None, reporter=None) -> tuple[list[Question], float]:
+                    config_path: Path | None = None, reporter: Reporter | None = None) -> tuple[list[Question], float]:
     """Write the dataset's corpus (one file per passage, title first) and index it into the workspace,
     which reuses everything already indexed. Returns the questions and the indexing seconds."""
     from .. import api
@@ -140,18 +141,15 @@ def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: P
 
 
 # --------------------------------------------------------------------------- the run
-class Progress:
-    """What a run reports; the CLI draws it with Rich."""
+class AblationReporter(Reporter):
+    """The indexing reporter plus what an ablation run reports; the CLI draws it with Rich. One
+    object serves both, since `ablate --dataset` indexes before it evaluates."""
 
     def run_started(self, total: int) -> None: ...
 
     def strategy_started(self, name: str, total: int) -> None: ...
 
-    def advance(self, n: int = 1) -> None: ...
-
     def note(self, message: str) -> None: ...
-
-    def warn(self, message: str) -> None: ...
 
 
 @dataclass
@@ -186,11 +184,11 @@ def _capturing(strategy: Strategy, into: dict[int, list[Retrieval]]) -> Strategy
 
 def run_ablation(workspace: Path, questions: list[Question], names: list[str] | None = None,
                  budgets: list[int] | tuple[int, ...] = DEFAULT_BUDGETS, config_path: Path | None = None,
-                 answer: bool = False, progress: Progress | None = None) -> AblationResult:
+                 answer: bool = False, progress: AblationReporter | None = None) -> AblationResult:
     """Every named strategy on every question at every budget, over the workspace."""
     from .. import api
 
-    progress = progress or Progress()
+    progress = progress or AblationReporter()
     names = list(names or STRATEGIES)
     for name in names:
         if name not in STRATEGIES:
@@ -383,8 +381,8 @@ def ablation_table(dataset: str, data_dir: str | Path, work_dir: str | Path,
 
 def run_from_args(workspace: Path | None, questions_file: Path | None, dataset: str | None, data_dir: Path | None,
                   variants: str | None, budgets: str | None, out: Path, config_path: Path | None = None,
-                  answer: bool = False, limit: int | None = None, progress: Progress | None = None,
-                  reporter=None) -> AblationResult:
+                  answer: bool = False, limit: int | None = None,
+                  progress: AblationReporter | None = None) -> AblationResult:
     """What `noderag ablate` does, minus the rendering: validate everything first, then run."""
     names = parse_variants(variants)
     budget_list = parse_budgets(budgets)
@@ -404,7 +402,7 @@ def run_from_args(workspace: Path | None, questions_file: Path | None, dataset: 
             raise AblationInputError(f"unknown dataset '{dataset}'; valid: {', '.join(DATASETS)}")
         corpus, default_ws = dataset_paths(dataset, out)
         workspace = workspace or default_ws
-        questions, seconds["index"] = prepare_dataset(dataset, data_dir, workspace, corpus, config_path, reporter)
+        questions, seconds["index"] = prepare_dataset(dataset, data_dir, workspace, corpus, config_path, progress)
     else:
         questions, problems = read_questions(questions_file)
         for problem in problems:

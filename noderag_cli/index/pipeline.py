@@ -332,7 +332,7 @@ def _kill_point(stage: str, point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _StageProgress(Reporter):
+class _CountingReporter(Reporter):
     """Forwards to the run's reporter and counts finished items for the kill hook."""
 
     def __init__(self, reporter: Reporter, stage: str):
@@ -522,7 +522,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         _reset_peak_memory()
         t0 = time.perf_counter()
         ws.cache.start_recording()
-        info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _StageProgress(reporter, stage.name),
+        info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
                                   executor))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()

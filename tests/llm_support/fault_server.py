@@ -22,7 +22,10 @@ Actions (strings):
     python           a good reply written as a Python literal (single quotes)
     refuse_schema    400 "response_format json_schema not supported" when the request asks for
                      json_schema, else good
-    rich             a decomposition with a unit per sentence and its capitalised words as entities
+    rich             replies as a compliant model would shape them: a decomposition with a unit per
+                     sentence and its capitalised words as entities; an attribute summary made of the
+                     statements up to the prompt's 150 words; up to 5 community elements, each a
+                     statement as description
     echo             the example shape of the task's system prompt, verbatim (a model that copies it)
     foreign          a good reply whose first unit also names FOREIGN_ENTITY, which no input holds,
                      with a relationship to it
@@ -62,6 +65,7 @@ class Record:
     status: int = 0
     body: dict = field(default_factory=dict)
     usage: dict = field(default_factory=dict)
+    reply: str = ""  # the assistant message of a chat completion answered 200
 
 
 def _task_of(body: dict) -> str | None:
@@ -84,20 +88,39 @@ _NOT_NAMES = {"Text", "Title", "Question", "Context", "Entity", "Statements", "T
 
 
 def rich_content(body: dict) -> dict:
-    """Like good_content, but a decomposition with one unit per sentence of the input and the
-    capitalised words of each as entities: a graph with important entities and communities,
-    still a pure function of the request."""
-    if _task_of(body) != "decompose":
+    """Like good_content, but shaped as a compliant model would answer: a decomposition with one
+    unit per sentence of the input and the capitalised words of each as entities (a graph with
+    important entities and communities); an attribute summary made of the entity's statements up
+    to the prompt's limit of about 150 words; one community element per statement, up to the
+    prompt's 5. Still a pure function of the request."""
+    task = _task_of(body)
+    if task == "attributes":
+        words = " ".join(_statements(body)).split()
+        return {"summary": " ".join(words[:150]) or good_content(body)["summary"]}
+    if task == "community_elements":
+        elements = [{"title": " ".join(_names(s)[:4]) or s.split()[0], "description": s}
+                    for s in _statements(body)[:5]]
+        return {"elements": elements or good_content(body)["elements"]}
+    if task != "decompose":
         return good_content(body)
     units = []
     for sentence in re.split(r"(?<=[.!?])\s+", _user_text(body))[:40]:
-        words = [w.strip(".,;:!?()\"'") for w in sentence.split()]
-        names = list(dict.fromkeys(w for w in words if w[:1].isupper() and w not in _NOT_NAMES and len(w) > 2))[:4]
+        names = _names(sentence)[:4]
         if len(names) < 2 or len(sentence) < 20:
             continue
         units.append({"text": sentence, "entities": names,
                       "relations": [{"source": names[0], "relation": "relates to", "target": names[1]}]})
     return {"units": units or good_content(body)["units"]}
+
+
+def _names(text: str) -> list[str]:
+    words = [w.strip(".,;:!?()\"'") for w in text.split()]
+    return list(dict.fromkeys(w for w in words if w[:1].isupper() and w not in _NOT_NAMES and len(w) > 2))
+
+
+def _statements(body: dict) -> list[str]:
+    """The bullet lines of an attributes or community request."""
+    return [line[2:].strip() for line in _user_text(body).splitlines() if line.startswith("- ") and line[2:].strip()]
 
 
 FOREIGN_ENTITY = "Zanzibar Quillfeather"
@@ -269,6 +292,8 @@ class FaultServer:
         record.status = status
         if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
             record.usage = payload["usage"]
+        if status == 200 and isinstance(payload, dict) and payload.get("choices"):
+            record.reply = str((payload["choices"][0].get("message") or {}).get("content") or "")
         self._send(handler, status, payload, headers)
 
     def _respond(self, path: str, action: str, body: dict, raw: str) -> tuple[int, Any, dict]:
