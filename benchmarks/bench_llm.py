@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from noderag_cli.cache import Cache
 from noderag_cli.config import LLMConfig
 from noderag_cli.engines import llm
 from noderag_cli.engines.base import AttributeInput, ChunkInput
-from noderag_cli.workspace import Cache
 from tests.llm_support.fault_server import FaultServer, max_in_window
 
 

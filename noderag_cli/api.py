@@ -18,12 +18,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from .cache import Cache, cache_damage, salvage_cache
 from .config import Config, SearchConfig, changed, load_config
 from .embeddings import Embedder
 from .engines.base import Engine, identity
 from .engines.offline import OfflineEngine
 from .errors import DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
 from .executor import make_executor
+from .files import atomic_write_bytes
 from .graph import NODE_TYPES
 from .index import assemble
 from .index.chunk import check_input_folder, document_chunks, scan
@@ -40,15 +42,7 @@ from .index.pipeline import (
     settings_digest,
 )
 from .questions import Question, read_jsonl
-from .workspace import (
-    Cache,
-    Generation,
-    Workspace,
-    atomic_write_bytes,
-    cache_damage,
-    repair_hint,
-    salvage_cache,
-)
+from .workspace import Generation, Workspace, repair_hint
 
 if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` and `index` do not need
     from .search.results import Retrieval

@@ -22,8 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .cache import CACHE_TABLE, cache_damage
 from .index.pipeline import STAGES
-from .workspace import CACHE_KEYS, CACHE_TABLE, GENERATIONS_DIR, Workspace, cache_damage
+from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
 
 def _size(path: Path) -> int:

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nlp
+from .cache import Cache
 from .config import EmbeddingConfig
 from .errors import ConfigError, EngineError
 from .executor import Executor
 from .ivf import in_parallel, on_stored_grid
-from .workspace import Cache
 
 POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise are not mixed in
 STORED = "fp16"  # part of a vector's identity: rounded to the precision a build stores (ivf.on_stored_grid)

@@ -17,7 +17,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pyarrow as pa
 
-from .workspace import Generation, atomic_write_with
+from .files import atomic_write_with
+from .workspace import Generation
 
 FORMATS = ("graphml", "csv")
 

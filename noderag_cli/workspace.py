@@ -33,18 +33,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import io
 import json
 import logging
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,116 +48,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .cache import Cache
 from .errors import DamagedError, NoBuildError, WorkspaceError
+from .files import (
+    arrow_bytes,
+    atomic_write_bytes,
+    bytes_digest,
+    file_digest,
+    fsync_dir,
+    json_digest,
+    npy_bytes,
+    parquet_bytes,
+)
 
 FORMAT_VERSION = 1
 GENERATION_FORMAT = 1
 CACHE_FILE = "cache.sqlite"
 CACHE_KEYS = "cache_keys.parquet"  # beside each stage's outputs: the cache entries its last run needed
-CACHE_TABLE = "CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))"
-COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
 CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"
 READERS_FILE = ".readers"
 LEGACY_FINAL = ("nodes.parquet", "edges.parquet", "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _file_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-FILE_MODE = _file_mode()  # what open() would give: other users may read a workspace the umask lets them
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-
-    atomic_write_with(path, write)
-
-
-DICTIONARY_ENCODED = frozenset({"type", "kind", "status", "stage", "reason",  # a handful of distinct values
-                                "chunk_ids.list.element", "doc_ids.list.element", "target", "chunk"})
-"""Columns dictionary-encoded in parquet: a handful of distinct values, or ids each repeated many
-times in no order that run-length encoding would catch (a node's chunks and documents, an edge's
-second end): a third smaller. For other ids and texts the encoder's attempt only costs time."""
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
-    sink = pa.BufferOutputStream()
-    paths = [name for field in table.schema for name in
-             ((f"{field.name}.list.element",) if pa.types.is_list(field.type) else (field.name,))]
-    pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
-                   use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
-                   dictionary_pagesize_limit=1 << 28)
-    return sink.getvalue().to_pybytes()
-
-
-def write_parquet(path: Path, table: pa.Table) -> None:
-    atomic_write_bytes(path, parquet_bytes(table))
-
-
-def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
-    """`write(name)` into a temporary file beside `path`, flushed to disk, then renamed over `path`:
-    a reader sees the old file or the new one, never a part (faiss.write_index takes a name)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.close(fd)
-        write(tmp)
-        os.chmod(tmp, FILE_MODE)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
-def arrow_bytes(table: pa.Table) -> bytes:
-    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def bytes_digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def json_digest(obj) -> str:
-    return hashlib.blake2b(json.dumps(obj, sort_keys=True).encode(), digest_size=16).hexdigest()
-
 
 def damaged(path: Path, ws_root: Path, detail: str, repair: str) -> DamagedError:
     """The one-line message for a damaged workspace file: which file, what is wrong, what repairs it."""
@@ -170,231 +78,6 @@ def damaged(path: Path, ws_root: Path, detail: str, repair: str) -> DamagedError
     except ValueError:
         shown = str(path)
     return DamagedError(f"workspace file {ws_root / shown} is damaged ({detail}); {repair}")
-
-
-class Cache:
-    """Content-addressed key/value store in SQLite, one table, namespaced keys.
-
-    Written as results arrive (each `put_many` commits), so a killed run re-pays nothing. A
-    read-only cache (`read_only=True`: opened immutable, puts dropped) serves the commands that
-    never write to a workspace.
-    """
-
-    def __init__(self, path: Path, read_only: bool = False):
-        self.path = path
-        self.read_only = read_only
-        self._lock = threading.Lock()
-        self._touched: dict[str, set[str]] | None = None  # keys asked for or written while recording
-        if read_only:
-            self._db = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False, isolation_level=None)
-            return
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(CACHE_TABLE)
-
-    @staticmethod
-    def _packed(value: bytes) -> bytes:
-        """Values of a few hundred bytes and more are stored compressed (zlib, the fastest level:
-        a decomposition's JSON shrinks threefold), marked by a prefix no stored JSON starts with."""
-        if len(value) < 256 or value.startswith(COMPRESSED):  # small, or already packed (a salvaged row)
-            return value
-        return COMPRESSED + zlib.compress(value, 1)
-
-    @staticmethod
-    def _unpacked(value: bytes) -> bytes:
-        return zlib.decompress(value[len(COMPRESSED):]) if value.startswith(COMPRESSED) else value
-
-    def start_recording(self) -> None:
-        """From now on remember every key asked for or written (`touch` adds more), until
-        `stop_recording`: what one stage run needs from the cache, which `noderag gc` keeps."""
-        self._touched = {}
-
-    def stop_recording(self) -> dict[str, set[str]]:
-        touched, self._touched = self._touched or {}, None
-        return touched
-
-    @property
-    def recording(self) -> bool:
-        return self._touched is not None
-
-    def touch(self, ns: str, keys: Iterable[str]) -> None:
-        """Count keys as needed without reading them (values a run holds in memory already)."""
-        if self._touched is not None:
-            self._touched.setdefault(ns, set()).update(keys)
-
-    def get_many(self, ns: str, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        self.touch(ns, keys)
-        found: dict[str, bytes] = {}
-        with self._lock:
-            for start in range(0, len(keys), 900):
-                part = keys[start : start + 900]
-                marks = ",".join("?" * len(part))
-                try:
-                    rows = self._db.execute(f"SELECT key, value FROM kv WHERE ns=? AND key IN ({marks})", [ns, *part])
-                except sqlite3.DatabaseError:
-                    if not self.read_only:
-                        raise
-                    return {}  # a read-only look-up that cannot be answered only misses the cache
-                found.update((key, self._unpacked(value)) for key, value in rows.fetchall())
-        return found
-
-    def get(self, ns: str, key: str) -> bytes | None:
-        return self.get_many(ns, [key]).get(key)
-
-    def put_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
-        rows = [(ns, key, self._packed(value)) for key, value in items]
-        self.touch(ns, (key for _, key, _ in rows))
-        if not rows or self.read_only:
-            return
-        with self._lock:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", rows)
-            self._db.execute("COMMIT")
-
-    def put(self, ns: str, key: str, value: bytes) -> None:
-        self.put_many(ns, [(key, value)])
-
-    def delete_many(self, ns: str, keys: Iterable[str]) -> int:
-        """Remove entries; returns how many there were. A recording forgets them: they are not needed."""
-        rows = [(ns, key) for key in keys]
-        if self._touched is not None and ns in self._touched:
-            self._touched[ns].difference_update(key for _, key in rows)
-        if not rows or self.read_only:
-            return 0
-        with self._lock:
-            before = self._db.total_changes
-            self._db.execute("BEGIN")
-            self._db.executemany("DELETE FROM kv WHERE ns=? AND key=?", rows)
-            self._db.execute("COMMIT")
-            return self._db.total_changes - before
-
-    def compact(self) -> None:
-        """Give the space of removed entries back to the file system (SQLite keeps it otherwise)."""
-        if self.read_only:
-            return
-        with self._lock:
-            self._db.execute("VACUUM")
-
-    def count(self, ns: str) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM kv WHERE ns=?", [ns]).fetchone()[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-def _read_only_uri(path: Path) -> str:
-    """An SQLite URI that reads `path` without writing anything beside it. Immutable (no -wal/-shm
-    file created, no lock taken) is right only when every write is in the main file; a -wal with
-    content (a writer running, or killed) is read with ordinary read-only locking instead."""
-    wal = Path(f"{path}-wal")
-    pending = wal.is_file() and wal.stat().st_size > 0
-    return f"file:{path}?mode=ro{'' if pending else '&immutable=1'}"
-
-
-def cache_damage(path: Path, thorough: bool = False) -> str | None:
-    """Why the cache file cannot be trusted, or None: the header and the page count (a truncated
-    file is shorter than its pages), cheap at any size; `thorough` adds SQLite's own quick check
-    of the b-trees, which reads every page (seconds for a cache of a few hundred MB)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return None
-    if size == 0:
-        return None  # SQLite takes an empty file as a new database
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(100)
-        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-            return "not an SQLite database"
-        page_size = int.from_bytes(header[16:18], "big")
-        page_size = 65536 if page_size == 1 else page_size
-        pages = int.from_bytes(header[28:32], "big")
-        wal = Path(f"{path}-wal")
-        if pages and size < pages * page_size and not (wal.is_file() and wal.stat().st_size):
-            return f"truncated: {size:,} bytes of {pages * page_size:,}"
-        if not thorough:
-            return None
-        db = sqlite3.connect(_read_only_uri(path), uri=True)
-        try:
-            verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
-        finally:
-            db.close()
-        return None if verdict == "ok" else verdict
-    except sqlite3.DatabaseError as err:
-        return str(err)
-    except OSError as err:
-        return f"unreadable: {err.strerror}"
-
-
-def _readable_copy(path: Path, target: Path) -> None:
-    """A copy of a damaged database that SQLite will open: whole pages only, and a header whose
-    page count is what the file holds (SQLite refuses a file shorter than its header says)."""
-    data = bytearray(path.read_bytes())
-    if len(data) >= 100 and data.startswith(b"SQLite format 3\x00"):
-        page_size = int.from_bytes(data[16:18], "big")
-        page_size = 65536 if page_size == 1 else page_size
-        pages = len(data) // page_size
-        del data[pages * page_size:]
-        data[28:32] = pages.to_bytes(4, "big")
-    target.write_bytes(bytes(data))
-
-
-def salvage_cache(path: Path) -> tuple[Path, int]:
-    """Copy every row SQLite can still read from a damaged cache into a new one, keep the damaged
-    file beside it as `cache.sqlite.damaged-<time>`, and put the new one in its place. Rows are
-    read in rowid order; past a row that cannot be read the scan resumes further on, by steps that
-    double while they keep failing, so a lost region costs a few look-ups, not one per row."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    kept = path.with_name(f"{path.name}.damaged-{stamp}")
-    readable, fresh = path.with_name(f".{path.name}.readable"), path.with_name(f".{path.name}.salvage")
-    for leftover in (readable, fresh):
-        with contextlib.suppress(FileNotFoundError):
-            leftover.unlink()
-    _readable_copy(path, readable)
-    target = Cache(fresh)
-    rows = 0
-    try:
-        source = sqlite3.connect(f"file:{readable}?mode=ro&immutable=1", uri=True)
-        position, step = 0, 1
-        while step < 1 << 40:
-            batch: list[tuple[str, str, bytes]] = []
-            progressed = False
-            try:
-                for rowid, ns, key, value in source.execute(
-                        "SELECT rowid, ns, key, value FROM kv WHERE rowid > ? ORDER BY rowid", (position,)):
-                    batch.append((ns, key, value))
-                    position, progressed = rowid, True
-                    if len(batch) >= 1000:
-                        rows += _put_rows(target, batch)
-                break  # the end of the table, read without error
-            except sqlite3.DatabaseError:
-                step = 1 if progressed else step * 2
-                position += step
-            finally:
-                rows += _put_rows(target, batch)
-        source.close()
-    except sqlite3.DatabaseError:
-        pass  # not even the schema could be read: the new cache starts empty
-    target.close()
-    readable.unlink()
-    os.replace(path, kept)
-    for suffix in ("-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(f"{path}{suffix}", f"{kept}{suffix}")
-    os.replace(fresh, path)
-    return kept, rows
-
-
-def _put_rows(target: Cache, batch: list[tuple[str, str, bytes]]) -> int:
-    count = len(batch)
-    for ns in {row[0] for row in batch}:
-        target.put_many(ns, [(k, v) for n, k, v in batch if n == ns])
-    batch.clear()
-    return count
 
 
 @dataclass
@@ -544,7 +227,7 @@ class GenerationWriter:
         contents = json_digest(self.files)
         manifest = {"format": GENERATION_FORMAT, "name": self.name, "contents": contents, "files": self.files, **meta}
         atomic_write_bytes(self.folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         return contents
 
 
@@ -726,7 +409,7 @@ class Workspace:
     def publish(self, name: str) -> None:
         """Make generation `name` current: one atomic rename, then the folder is synced."""
         atomic_write_bytes(self.root / CURRENT_FILE, f"{name}\n".encode())
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def remove_unused_generations(self) -> list[str]:
         """Remove every generation but the current one that no reader holds; returns the names

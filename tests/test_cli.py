@@ -279,7 +279,7 @@ def cache_values(workspace: Path) -> list[bytes]:
     import sqlite3
     import zlib
 
-    from noderag_cli.workspace import COMPRESSED
+    from noderag_cli.cache import COMPRESSED
 
     with sqlite3.connect(workspace / "cache.sqlite") as db:
         values = [row[0] for row in db.execute("SELECT value FROM kv")]

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).parent / "llm_support"))
 
 from fault_server import FaultServer, max_in_window  # noqa: E402
 
+from noderag_cli.cache import Cache  # noqa: E402
 from noderag_cli.config import EmbeddingConfig, LLMConfig  # noqa: E402
 from noderag_cli.engines import prompts  # noqa: E402
 from noderag_cli.engines.base import AttributeInput, ChunkInput, CommunityInput, Element, Failure, Unit  # noqa: E402
-from noderag_cli.workspace import Cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,7 +225,7 @@ def test_token_bound_is_never_below_litellms_count():
 
 def test_request_keys_are_unchanged_digests_of_the_whole_request(tmp_path):
     # request_key assembles the JSON from cached parts; the keys of existing caches must not move
-    from noderag_cli.workspace import json_digest
+    from noderag_cli.files import json_digest
 
     cache = Cache(tmp_path / "c.sqlite")
     inputs = {"decompose": CHUNKS[0], "attributes": AttributeInput("Ada", ("Ada met “Bob”.", "漢字")),

@@ -42,9 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cache import Cache
 from ..config import LLMConfig
 from ..errors import ConfigError, EngineError
-from ..workspace import Cache
 from . import grounding, prompts
 from .base import (
     Advance,

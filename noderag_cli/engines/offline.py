@@ -21,10 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import nlp
+from ..cache import Cache
 from ..config import LLMConfig
 from ..embeddings import Embedder
+from ..files import json_digest
 from ..graph import normalize_name
-from ..workspace import Cache, json_digest
 from .base import (
     Advance,
     AttributeInput,

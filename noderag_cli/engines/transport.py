@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..cache import Cache
 from ..errors import EngineError
-from ..workspace import Cache
 from .base import Advance, EngineStats, TaskStats
 from .limiter import SlidingWindowLimiter
 from .pricing import price_of

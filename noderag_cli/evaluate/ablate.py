@@ -182,6 +182,18 @@ def _capturing(strategy: Strategy, into: dict[int, list[Retrieval]]) -> Strategy
     return run
 
 
+def _check_run(names: list[str], budgets: list[int], questions: list[Question]) -> None:
+    """A run's inputs checked before anything is opened: one clear error for the first problem."""
+    for name in names:
+        if name not in STRATEGIES:
+            parse_variants(name)  # raises with the list of valid names
+    for budget in budgets:
+        if budget <= 0:
+            raise AblationInputError(f"budget {budget} is not a positive number of tokens")
+    if not questions:
+        raise AblationInputError("no questions to evaluate")
+
+
 def run_ablation(workspace: Path, questions: list[Question], names: list[str] | None = None,
                  budgets: list[int] | tuple[int, ...] = DEFAULT_BUDGETS, config_path: Path | None = None,
                  answer: bool = False, progress: AblationReporter | None = None) -> AblationResult:
@@ -189,16 +201,8 @@ def run_ablation(workspace: Path, questions: list[Question], names: list[str] | 
     from .. import api
 
     progress = progress or AblationReporter()
-    names = list(names or STRATEGIES)
-    for name in names:
-        if name not in STRATEGIES:
-            parse_variants(name)  # raises with the list of valid names
-    budgets = list(budgets)
-    for budget in budgets:
-        if budget <= 0:
-            raise AblationInputError(f"budget {budget} is not a positive number of tokens")
-    if not questions:
-        raise AblationInputError("no questions to evaluate")
+    names, budgets = list(names or STRATEGIES), list(budgets)
+    _check_run(names, budgets, questions)
     started = time.perf_counter()
     session = api.open_workspace(workspace, config_path=config_path)
     retriever = session.retriever
@@ -311,7 +315,7 @@ PNG_SKIPPED = "ablation.png not written: matplotlib is not installed (pip instal
 
 
 def write_outputs(result: AblationResult, out_dir: Path, title: str | None = None) -> dict[str, Path]:
-    from ..workspace import atomic_write_bytes
+    from ..files import atomic_write_bytes
     from .plots import plot_ablation
 
     out_dir = check_output_dir(out_dir)

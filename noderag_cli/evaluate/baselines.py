@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from ..cache import Cache
 from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..nlp import terms
 from ..search import context
 from ..search.results import Retrieval
 from ..search.retriever import Retriever
-from ..workspace import Cache
 
 NAIVE_CANDIDATES = 100
 Strategy = Callable[[str, int], Retrieval]

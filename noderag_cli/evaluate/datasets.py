@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..files import atomic_write_bytes
 from ..questions import Question
-from ..workspace import atomic_write_bytes
 
 
 def _passage_file(position: int) -> str:

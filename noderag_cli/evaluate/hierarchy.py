@@ -31,10 +31,11 @@ import scipy.sparse as sp
 
 from .. import nlp
 from ..engines.base import CommunityInput, Failure
+from ..files import atomic_write_bytes, json_digest, parquet_bytes
 from ..graph import row_entries
 from ..index.communities import leiden_labels
 from ..search.results import RetrievedNode
-from ..workspace import Workspace, atomic_write_bytes, json_digest, parquet_bytes
+from ..workspace import Workspace
 
 VERSION = 1
 GRAPHRAG_LEVELS = 4  # C0 (the coarsest) to C3
@@ -246,23 +247,8 @@ def archrag(setup, augment: bool = True) -> Hierarchy:
     retriever = setup.retriever
     graph_config = retriever.config.graph
     base = side.entities
-    units = retriever.rows_by_type["S"]
-    joined = side.kind["R-N"][side.relations][:, base]
-    shared = side.kind["S-N"][units][:, base]
-    structure = ((joined.T @ joined) + (shared.T @ shared)).tocsr()
-    structure.setdiag(0)
-    structure.eliminate_zeros()
-    structure.data[:] = 1.0
+    structure, statements = _entity_graph(side, retriever)
     vectors = side.entity_vectors
-    # each entity's statements: its attribute, else the units that mention it, best connected first
-    described = side.kind["described"][base].tocsr()
-    texts, tokens, types = retriever.texts, retriever.tokens, retriever.types
-    statements = []
-    for i in range(len(base)):
-        rows = described.indices[described.indptr[i] : described.indptr[i + 1]]
-        rows = rows[np.lexsort((rows, types[rows] != "A"))]
-        statements.append((texts[base[i]], [str(texts[r]) for r in rows[:3]], [int(tokens[r]) for r in rows[:3]]))
-
     labels: list[np.ndarray] = []
     level: list[int] = []
     reports: list[str] = []
@@ -308,12 +294,36 @@ def archrag(setup, augment: bool = True) -> Hierarchy:
         layer_tokens = [[size] if text else [] for text, size in zip(texts_now, report_tokens, strict=True)]
         layer_vectors = retriever.embedder.embed([t or " " for t in texts_now])
         assign = sp.csr_matrix((np.ones(n), (np.arange(n), parts)), shape=(n, count))
-        layer_structure = (assign.T @ layer_structure @ assign).tocsr()
-        layer_structure.setdiag(0)
-        layer_structure.eliminate_zeros()
-        layer_structure.data[:] = 1.0
+        layer_structure = _unweighted(assign.T @ layer_structure @ assign)
         layer_of_base[placed] = parts[layer_of_base[placed]]
     return _assemble(setup, base, labels, level, reports, members_of, within=True)
+
+
+def _entity_graph(side, retriever) -> tuple[sp.csr_matrix, list[tuple]]:
+    """ArchRAG's base layer: entities joined where a relationship or a unit names both
+    (unweighted), and each entity's statements (name, texts, token counts): its attribute, else
+    the units that mention it, best connected first, at most three."""
+    base = side.entities
+    joined = side.kind["R-N"][side.relations][:, base]
+    shared = side.kind["S-N"][retriever.rows_by_type["S"]][:, base]
+    structure = _unweighted((joined.T @ joined) + (shared.T @ shared))
+    described = side.kind["described"][base].tocsr()
+    texts, tokens, types = retriever.texts, retriever.tokens, retriever.types
+    statements = []
+    for i in range(len(base)):
+        rows = described.indices[described.indptr[i] : described.indptr[i + 1]]
+        rows = rows[np.lexsort((rows, types[rows] != "A"))]
+        statements.append((texts[base[i]], [str(texts[r]) for r in rows[:3]], [int(tokens[r]) for r in rows[:3]]))
+    return structure, statements
+
+
+def _unweighted(matrix) -> sp.csr_matrix:
+    """The pairs of `matrix`, each of weight 1, without self-loops."""
+    matrix = matrix.tocsr()
+    matrix.setdiag(0)
+    matrix.eliminate_zeros()
+    matrix.data[:] = 1.0
+    return matrix
 
 
 def _assemble(setup, base, labels, level, text, members_of, within: bool) -> Hierarchy:

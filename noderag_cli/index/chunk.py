@@ -23,8 +23,8 @@ import pyarrow as pa
 from .. import nlp
 from ..errors import InputError
 from ..executor import Executor
+from ..files import json_digest
 from ..graph import chunk_id, document_id
-from ..workspace import json_digest
 
 DOCUMENT_SCHEMA = pa.schema(
     [

@@ -25,8 +25,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import nlp
+from ..cache import Cache
 from ..engines.base import ChunkInput, Engine, Failure, Unit
 from ..executor import Executor
+from ..files import json_digest
 from ..graph import (
     edge_rows,
     entity_id,
@@ -36,7 +38,6 @@ from ..graph import (
     relation_id,
     unit_id,
 )
-from ..workspace import Cache, json_digest
 
 BATCH = 64
 ROWS_VERSION = 1  # of how units become rows: stored rows of another version are not reused
@@ -83,13 +84,7 @@ def decompose_chunks(
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
     keys = [cache_key(engine.identity, c.title, c.text) for c in inputs]
     names = [f"{c.chunk_id}\x1f{k}" for c, k in zip(inputs, keys, strict=True)]
-    kept_occurrences, kept_links = OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table()
-    known: set[str] = set()
-    if previous is not None:
-        wanted = pa.array(names, pa.string())
-        kept_occurrences = previous[0].filter(pc.is_in(previous[0]["input"], value_set=wanted))
-        kept_links = previous[1].filter(pc.is_in(previous[1]["input"], value_set=wanted))
-        known = set(pc.unique(kept_occurrences["input"]).to_pylist())
+    kept_occurrences, kept_links, known = _kept_rows(previous, names)
     stats = engine.stats.task("decompose")
     stats.cache_hits += len(known)
     pending = [(c, k, n) for c, k, n in zip(inputs, keys, names, strict=True) if n not in known]
@@ -110,17 +105,7 @@ def decompose_chunks(
     if pure is not None:
         work += [(name, chunk.chunk_id, chunk, None) for chunk, _, name in todo]
     else:
-        for start in range(0, len(todo), BATCH):
-            batch = todo[start : start + BATCH]
-            results = engine.decompose([c for c, _, _ in batch], progress)
-            fresh = []
-            for (chunk, key, name), result in zip(batch, results, strict=True):
-                if isinstance(result, Failure):
-                    failures[chunk.chunk_id] = result.reason
-                    continue
-                work.append((name, chunk.chunk_id, None, result))
-                fresh.append((key, _dump_units(result)))
-            cache.put_many("decompose", fresh)
+        work += _decompose_here(engine, todo, cache, failures, progress)
 
     def done(batch, result) -> None:
         outcomes, _, _ = result
@@ -143,6 +128,36 @@ def decompose_chunks(
     occurrences = occurrences.sort_by([("input", "ascending"), ("seq", "ascending")])
     links = links.sort_by([("input", "ascending"), ("seq", "ascending")])
     return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+
+
+def _kept_rows(previous: tuple[pa.Table, pa.Table] | None, names: list[str]) -> tuple[pa.Table, pa.Table, set[str]]:
+    """The last run's occurrence and link rows of the inputs still present, and which inputs those are."""
+    if previous is None:
+        return OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table(), set()
+    wanted = pa.array(names, pa.string())
+    occurrences = previous[0].filter(pc.is_in(previous[0]["input"], value_set=wanted))
+    links = previous[1].filter(pc.is_in(previous[1]["input"], value_set=wanted))
+    return occurrences, links, set(pc.unique(occurrences["input"]).to_pylist())
+
+
+def _decompose_here(engine: Engine, todo: list[tuple[ChunkInput, str, str]], cache: Cache,
+                    failures: dict[str, str], progress: Callable[[int], None] | None) -> list:
+    """An engine's decompositions made in this process (an LLM engine's: its limiter and
+    connections live here), batch by batch, each batch's units cached as it returns; the work
+    items of those that succeeded, failure reasons into `failures`."""
+    work = []
+    for start in range(0, len(todo), BATCH):
+        batch = todo[start : start + BATCH]
+        results = engine.decompose([c for c, _, _ in batch], progress)
+        fresh = []
+        for (chunk, key, name), result in zip(batch, results, strict=True):
+            if isinstance(result, Failure):
+                failures[chunk.chunk_id] = result.reason
+                continue
+            work.append((name, chunk.chunk_id, None, result))
+            fresh.append((key, _dump_units(result)))
+        cache.put_many("decompose", fresh)
+    return work
 
 
 def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:

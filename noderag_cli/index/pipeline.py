@@ -45,17 +45,10 @@ from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
 from ..errors import WorkspaceError
 from ..executor import Executor
+from ..files import atomic_write_bytes, atomic_write_with, file_digest, json_digest, write_parquet
 from ..graph import NODE_TYPES, edge_rows, merge_edges
 from ..search import prepare
-from ..workspace import (
-    CACHE_KEYS,
-    Workspace,
-    atomic_write_bytes,
-    atomic_write_with,
-    file_digest,
-    json_digest,
-    write_parquet,
-)
+from ..workspace import CACHE_KEYS, Workspace
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables

@@ -1,0 +1,114 @@
+"""Files written atomically and deterministically, and content digests: what every module that
+writes a workspace file uses, so a reader never sees half a file and the same table gives the
+same bytes. Which files exist and what they are called is `workspace`'s business."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()  # what open() would give: other users may read a workspace the umask lets them
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+
+    atomic_write_with(path, write)
+
+
+DICTIONARY_ENCODED = frozenset({"type", "kind", "status", "stage", "reason",  # a handful of distinct values
+                                "chunk_ids.list.element", "doc_ids.list.element", "target", "chunk"})
+"""Columns dictionary-encoded in parquet: a handful of distinct values, or ids each repeated many
+times in no order that run-length encoding would catch (a node's chunks and documents, an edge's
+second end): a third smaller. For other ids and texts the encoder's attempt only costs time."""
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
+    sink = pa.BufferOutputStream()
+    paths = [name for field in table.schema for name in
+             ((f"{field.name}.list.element",) if pa.types.is_list(field.type) else (field.name,))]
+    pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
+                   use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
+                   dictionary_pagesize_limit=1 << 28)
+    return sink.getvalue().to_pybytes()
+
+
+def write_parquet(path: Path, table: pa.Table) -> None:
+    atomic_write_bytes(path, parquet_bytes(table))
+
+
+def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
+    """`write(name)` into a temporary file beside `path`, flushed to disk, then renamed over `path`:
+    a reader sees the old file or the new one, never a part (faiss.write_index takes a name)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        write(tmp)
+        os.chmod(tmp, FILE_MODE)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def bytes_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def json_digest(obj) -> str:
+    return hashlib.blake2b(json.dumps(obj, sort_keys=True).encode(), digest_size=16).hexdigest()
