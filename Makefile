@@ -34,12 +34,12 @@ test: $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(VENV)/.test-installed
-	$(BIN)/python -m benchmarks.bench --out docs/benchmarks.md
+	$(BIN)/python -m bench.bench --out docs/benchmarks.md
 
 # indexing and search from 2,000 to 100,000 passages (about 30 minutes): docs/benchmarks-scale.md,
 # which the next `make bench` includes in docs/benchmarks.md
 bench-scale: $(VENV)/.test-installed
-	$(BIN)/python -m benchmarks.bench_scale --out docs/benchmarks-scale.md
+	$(BIN)/python -m bench.bench_scale --out docs/benchmarks-scale.md
 
 clean:
 	rm -rf $(VENV) $(DEMO_WS) bench-out

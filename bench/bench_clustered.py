@@ -3,7 +3,7 @@ similarity candidates hold, and retrieval with the clustered similarity edges an
 forced on (they start at 60,000 nodes and 150,000 vectors, far above the dev sets), against the
 exact paths, at equal budgets.
 
-    python -m benchmarks.bench_clustered [--data ../shared/eval] [--work bench-out/clustered]
+    python -m bench.bench_clustered [--data ../shared/eval] [--work bench-out/clustered]
 
 Prints a Markdown section; without the data folder the section says so and the exit code is 0.
 """
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{title}\n\nskipped: {args.data} holds no MuSiQue corpus")
         return 0
     sys.path.insert(0, str(ROOT))
-    from benchmarks.bench import LOADERS
+    from bench.bench import LOADERS
     from noderag_cli import api
     from noderag_cli.config import Config
     from noderag_cli.evaluate.run import evaluate
 
-    lines = [title, "", "Command: `python -m benchmarks.bench_clustered` (part of `make bench`). Each dev set indexed "
+    lines = [title, "", "Command: `python -m bench.bench_clustered` (part of `make bench`). Each dev set indexed "
              "twice, offline: with the defaults (at this size, every node scored against every other for the "
              "similarity edges, the int8 scan for the vector side) and with both clustered paths forced on "
              "(`similarity.exact_below: 0`, `search.clustered_from: 0`, default probes).", ""]

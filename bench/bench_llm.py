@@ -17,7 +17,7 @@
    Issue #6's figure, the engine's own machinery (parsing, caching, limiter), is the
    *engine code* column; the table says whether it is under 5% of wall time.
 
-    python -m benchmarks.bench_llm [--quick]
+    python -m bench.bench_llm [--quick]
 
 Prints Markdown tables on stdout; exits non-zero when a limit was exceeded or an item failed.
 """

@@ -1,6 +1,6 @@
 """Incremental indexing with an LLM engine on MuSiQue's corpus (`make bench`): what an update asks.
 
-    python -m benchmarks.bench_llm_incremental [--data ../shared/eval] [--work DIR]
+    python -m bench.bench_llm_incremental [--data ../shared/eval] [--work DIR]
 
 The engine is litellm against the fault server in its deterministic "rich" mode (one unit per
 sentence, capitalised words as entities; the same request always gets the same reply), which
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.bench_index import ROOT, prepare, run_index, same_files
+from bench.bench_index import ROOT, prepare, run_index, same_files
 from tests.llm_support.fault_server import FaultServer, _task_of
 
 TASKS = ("decompose", "attributes", "community_elements")
@@ -75,7 +75,7 @@ def measure(data: Path, work: Path) -> tuple[list[str], bool]:
     lines = [
         "### Incremental update with an LLM engine",
         "",
-        "Command: `python -m benchmarks.bench_llm_incremental`. litellm against the fault server's "
+        "Command: `python -m bench.bench_llm_incremental`. litellm against the fault server's "
         "deterministic *rich* replies (a stand-in for a recorded model; it answers at once), concurrency 8, "
         f"same split as above: base {counts['base']:,} passages, update +{counts['added']} / "
         f"{counts['changed']} changed / {counts['deleted']} deleted.",

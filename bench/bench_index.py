@@ -1,6 +1,6 @@
 """Indexing benchmark on MuSiQue's corpus: prints a Markdown section for docs/benchmarks.md.
 
-    python -m benchmarks.bench_index [--quick] [--data ../shared/eval] [--work DIR] [--runs N]
+    python -m bench.bench_index [--quick] [--data ../shared/eval] [--work DIR] [--runs N]
 
 Every measured run is a real `noderag index` child process (`python -m noderag_cli.cli
 index WS --input FOLDER --json`) with the offline engine; its wall time includes start-up,
@@ -219,7 +219,7 @@ def measure(data: Path, work: Path, runs: int, with_kill: bool) -> list[str]:
     similarity = updates[0].summary["stages"]["similarity"]
     embedded = sum(nodes.get(t, 0) for t in "TSAH")
     lines = [
-        f"Command: `python -m benchmarks.bench_index{' --quick' if runs == 1 and not with_kill else ''}`; "
+        f"Command: `python -m bench.bench_index{' --quick' if runs == 1 and not with_kill else ''}`; "
         f"{platform.machine()}, Python {platform.python_version()}, {os.cpu_count()} cores. Each figure is a "
         f"`noderag index` child process; times are medians of {runs} run(s), RSS the peak (`wait4`); each round "
         f"runs a from-scratch build, then a base build, its update and a run with nothing to do.",

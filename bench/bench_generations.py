@@ -2,7 +2,7 @@
 of more than 16,000 passages, against a process that only imports the query path's modules, and
 MuSiQue's index time against the code before generations. Prints a Markdown section.
 
-    python -m benchmarks.bench_generations [--data ../shared/eval] [--work bench-out] [--copies 5]
+    python -m bench.bench_generations [--data ../shared/eval] [--work bench-out] [--copies 5]
                                            [--runs 7] [--baseline 84898c1]
 
 The large corpus is MuSiQue's and HotpotQA's passages, then `--copies` renamed copies of them:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         ("query process private memory, large / MuSiQue", split["large"][0] / split["musique"][0], 1.3),
     ]
     lines = [title, "",
-             f"Command: `python -m benchmarks.bench_generations --copies {args.copies} --runs {args.runs}` (part of "
+             f"Command: `python -m bench.bench_generations --copies {args.copies} --runs {args.runs}` (part of "
              "`make bench`). The large workspace: MuSiQue's and HotpotQA's corpora and "
              f"{args.copies} renamed copies, **{passages_count:,} passages**, {counts['large']:,} nodes "
              f"({counts['musique']:,} at MuSiQue size); its stages' recorded times add up to "

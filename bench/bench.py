@@ -1,6 +1,6 @@
 """`make bench`: every figure in docs/benchmarks.md, measured in one run on this machine.
 
-    python -m benchmarks.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
+    python -m bench.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
 
 Sections: indexing (time per stage, peak memory, resume, determinism, incremental; and an
 update's LLM calls with an LLM engine),
@@ -182,26 +182,26 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     rounds = 2 if args.quick else ROUNDS
     command = "make bench" + (" (quick)" if args.quick else "")
-    header = ["# Benchmarks", "", f"Produced by `{command}` (`python -m benchmarks.bench`) on "
+    header = ["# Benchmarks", "", f"Produced by `{command}` (`python -m bench.bench`) on "
               f"{datetime.date.today().isoformat()}, {platform.machine()}, {platform.python_version()}, "
               f"{__import__('os').cpu_count()} cores. Shared, noisy machine: read ratios more than absolute times. "
               "Generated file: do not edit by hand; rerun the command.", ""]
     sections = [header]
     quick = ["--quick"] if args.quick else []
     data_args = ["--data", str(args.data)]
-    sections.append(_module_section("benchmarks.bench_index", [*data_args, *quick], "Indexing", 3600))
-    sections.append(_module_section("benchmarks.bench_llm_incremental", data_args,
+    sections.append(_module_section("bench.bench_index", [*data_args, *quick], "Indexing", 3600))
+    sections.append(_module_section("bench.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
-    sections.append(_module_section("benchmarks.bench_startup", [], "Start-up", 600))
-    sections.append(_module_section("benchmarks.bench_estimate", [], "Dry-run estimate", 900))
-    sections.append(_module_section("benchmarks.bench_generations", data_args, "Opening a workspace", 5400))
-    sections.append(_module_section("benchmarks.bench_clustered", data_args, "The clustered paths", 1800))
+    sections.append(_module_section("bench.bench_startup", [], "Start-up", 600))
+    sections.append(_module_section("bench.bench_estimate", [], "Dry-run estimate", 900))
+    sections.append(_module_section("bench.bench_generations", data_args, "Opening a workspace", 5400))
+    sections.append(_module_section("bench.bench_clustered", data_args, "The clustered paths", 1800))
     if (args.data / "musique").is_dir():
         sections.append(retrieval_section(args.data, args.work, rounds))
     else:
         sections.append(["## Retrieval", "", f"skipped: {args.data} not found"])
     sections.append(ablation_section(args.data, args.work))
-    sections.append(_module_section("benchmarks.bench_llm", quick, "LLM engine", 1800))
+    sections.append(_module_section("bench.bench_llm", quick, "LLM engine", 1800))
     scale = ROOT / "docs" / "benchmarks-scale.md"  # `make bench-scale` (half an hour), run on its own
     sections.append([scale.read_text(encoding="utf-8").strip(), "", "_(from `make bench-scale`, last run "
                      f"{datetime.date.fromtimestamp(scale.stat().st_mtime).isoformat()})_"] if scale.is_file() else

@@ -1,9 +1,9 @@
 """Indexing and search as the corpus grows: 2,000 to 100,000 passages, offline, on this machine.
 
-    python -m benchmarks.bench_scale [--sizes 2000,8000,32000,100000] [--data ../shared/eval]
+    python -m bench.bench_scale [--sizes 2000,8000,32000,100000] [--data ../shared/eval]
                                      [--work bench-out/scale] [--runs 5] [--questions 50] [--out FILE]
 
-Each size is a corpus from `benchmarks.corpus` (the dev sets' passages, then renamed copies; a
+Each size is a corpus from `bench.corpus` (the dev sets' passages, then renamed copies; a
 smaller corpus is a prefix of a larger one) indexed from scratch by a `noderag index --json` child
 process (or, with `--reuse-builds`, the builds and figures a previous run left). Per size: wall time, seconds and peak resident memory per stage (the stages' own report),
 peak resident memory of the whole process tree (the indexing process and its workers, sampled
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.corpus import DEFAULT_DATA, available, write_corpus, write_small_files
+from bench.corpus import DEFAULT_DATA, available, write_corpus, write_small_files
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
@@ -326,15 +326,15 @@ def small_files(args) -> list[str]:
                f"exited {code}: {lines[-1] if lines else 'no message'}")
     return ["### A folder of many small files", "",
             f"`noderag index` of {args.small_files:,} files of one sentence each ({raw / 1e6:.1f} MB, a thousand "
-            f"files to a folder; `benchmarks/corpus.py`'s `write_small_files`), stderr not a terminal: {verdict} in "
+            f"files to a folder; `bench/corpus.py`'s `write_small_files`), stderr not a terminal: {verdict} in "
             f"**{wall / 60:.1f} min**, peak RSS of the process tree **{peak:,.0f} MB**, {len(lines):,} lines of "
             f"progress on stderr; disk {disk_bytes(workspace) / 1e6:,.0f} MB."]
 
 
 def report(rows: dict, sizes: list[int], args) -> list[str]:
     lines = ["## Scale: indexing and search from 2,000 to 100,000 passages", "",
-             f"Command: `python -m benchmarks.bench_scale --sizes {args.sizes} --runs {args.runs} --questions "
-             f"{args.questions}` (`make bench-scale`). Corpora from `benchmarks/corpus.py`: the dev sets' passages, "
+             f"Command: `python -m bench.bench_scale --sizes {args.sizes} --runs {args.runs} --questions "
+             f"{args.questions}` (`make bench-scale`). Corpora from `bench/corpus.py`: the dev sets' passages, "
              "then copies with every capitalised word renamed; each size indexed from scratch, offline, by one "
              "`noderag index` process and its workers. Peak RSS: the whole process tree, sampled every 0.2 s. "
              f"Latency: MuSiQue's first {args.questions} questions, the median of {args.runs} rounds each, then p50 "

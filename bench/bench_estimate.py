@@ -10,7 +10,7 @@ With `--upstream URL` the fault server forwards every request to that OpenAI-com
 (e.g. llama.cpp serving SmolLM2, `tests/llm_support/install_llm_server.sh`) and counts what it
 answered: the figure the issue asks to be reported for the local model.
 
-    python -m benchmarks.bench_estimate [--upstream http://127.0.0.1:PORT]
+    python -m bench.bench_estimate [--upstream http://127.0.0.1:PORT]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     answered = f"SmolLM2 behind the fault server as a counting proxy (`--upstream {args.upstream}`)" \
         if args.upstream else "fault server in rich mode"
     lines = ["## Dry-run estimate against the run", "",
-             f"`python -m benchmarks.bench_estimate`: {args.corpus.name}, {answered}; estimate from "
+             f"`python -m bench.bench_estimate`: {args.corpus.name}, {answered}; estimate from "
              "`noderag index --dry-run`, actual from the requests the server received (same tokenizer).", "",
              "| task | calls est. / actual | input tokens est. / actual | output tokens est. / actual |",
              "|---|---:|---:|---:|"]

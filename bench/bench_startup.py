@@ -5,7 +5,7 @@ server of tests/llm_support, which is then stopped) against the offline engine.
 
 Every command runs ROUNDS times, interleaved so the machine's drift hits all alike; medians.
 
-    python -m benchmarks.bench_startup [--rounds 15]
+    python -m bench.bench_startup [--rounds 15]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: statistics.median(values) for name, values in times.items()}
     floor = medians["import typer only"]
     help_s = medians["noderag --help"]
-    lines = ["## Start-up", "", f"`python -m benchmarks.bench_startup --rounds {args.rounds}`: wall time of a whole "
+    lines = ["## Start-up", "", f"`python -m bench.bench_startup --rounds {args.rounds}`: wall time of a whole "
              f"process, median of {args.rounds} interleaved rounds.", "",
              "| command | median s | × import-typer-only |", "|---|---:|---:|"]
     lines += [f"| {name} | {value:.3f} | {value / floor:.2f} |" for name, value in medians.items()]

@@ -1,7 +1,7 @@
 """A deterministic corpus of any size from the dev sets: MuSiQue's and HotpotQA's passages, then
 renamed copies of them, one passage per file (title on the first line).
 
-    python -m benchmarks.corpus OUT --passages 100000 [--data ../shared/eval]
+    python -m bench.corpus OUT --passages 100000 [--data ../shared/eval]
 
 A renamed copy replaces every capitalised word of a title and a text by a pseudo-word drawn from a
 hash of the word and the copy's number, so each copy brings new texts, titles and entities, while
