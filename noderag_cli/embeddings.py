@@ -126,8 +126,8 @@ def embed_bundled(job: tuple[EmbeddingConfig, list[str]]) -> np.ndarray:
 def remote_transport(config: EmbeddingConfig):
     """The transport to an embedding model behind litellm (no request or token limit of its own)."""
     from .engines.base import EngineStats
-    from .engines.limiter import SlidingWindowLimiter
     from .engines.transport import Transport
+    from .limiter import SlidingWindowLimiter
 
     return Transport(config.model, setting="embedding", api_base=config.api_base, api_key_env=config.api_key_env,
                      stats=EngineStats(), limiter=SlidingWindowLimiter(None, None), **REMOTE)

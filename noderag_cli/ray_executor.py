@@ -123,7 +123,7 @@ class _SharedLimiter:
     """A Ray actor around one `SlidingWindowLimiter`: every worker's requests are admitted here."""
 
     def __init__(self, max_requests: int | None, max_tokens: int | None, window_seconds: float = 60.0):
-        from .engines.limiter import SlidingWindowLimiter
+        from .limiter import SlidingWindowLimiter
 
         self.limiter = SlidingWindowLimiter(max_requests, max_tokens, window_seconds)
         self.held: dict[int, object] = {}

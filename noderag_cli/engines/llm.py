@@ -45,6 +45,7 @@ from typing import Any
 from ..cache import Cache
 from ..config import LLMConfig
 from ..errors import ConfigError, EngineError
+from ..limiter import SlidingWindowLimiter
 from . import grounding, prompts
 from .base import (
     Advance,
@@ -58,7 +59,6 @@ from .base import (
     Unit,
     identity,
 )
-from .limiter import SlidingWindowLimiter
 from .pricing import count_tokens, prompt_token_bound
 from .transport import (
     Transport,

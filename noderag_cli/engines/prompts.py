@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from noderag_cli.engines.base import AttributeInput, ChunkInput, CommunityInput, Element, Unit
+from .base import AttributeInput, ChunkInput, CommunityInput, Element, Unit
 
 TASKS = ("decompose", "attributes", "community_elements", "query_entities", "answer", "passage")
 """Task names, as used in `EngineStats.by_task` and in cache keys."""

@@ -39,8 +39,8 @@ from typing import Any
 
 from ..cache import Cache
 from ..errors import EngineError
+from ..limiter import SlidingWindowLimiter
 from .base import Advance, EngineStats, TaskStats
-from .limiter import SlidingWindowLimiter
 from .pricing import price_of
 
 _log = logging.getLogger("noderag.llm")
