@@ -7,8 +7,9 @@ the server received, its prompt and reply tokens counted with the same tokenizer
 uses (the server's own usage figures count words). Target: calls and tokens within ±30%.
 
 With `--upstream URL` the fault server forwards every request to that OpenAI-compatible server
-(e.g. llama.cpp serving SmolLM2, `tests/llm_support/install_llm_server.sh`) and counts what it
-answered: the figure the issue asks to be reported for the local model.
+(e.g. llama.cpp serving SmolLM2, `tests/llm_support/install_llm_server.sh`, with `--n_ctx 2048`)
+and counts what it answered, with the small model's settings of tests/test_llm_pipeline.py:
+the figure the issue asks to be reported for the local model.
 
     python -m bench.bench_estimate [--upstream http://127.0.0.1:PORT]
 """
@@ -38,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     server = FaultServer(default="good" if args.upstream else "rich", upstream=args.upstream)
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch, server:
         config = Path(scratch) / "fault.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": MODEL, "api_base": server.url,
-                                                  "concurrency": 8}}))
+        settings = {"llm": {"engine": "litellm", "model": MODEL, "api_base": server.url, "concurrency": 8}}
+        if args.upstream:  # a 135M model in a 2,048-token context: tests/test_llm_pipeline.py's settings
+            settings = {"chunk": {"chunk_tokens": 200},
+                        "graph": {"max_community_tokens": 500, "attribute_max_tokens": 400},
+                        "llm": {**settings["llm"], "concurrency": 2, "max_output_tokens": 160,
+                                "context_window": 2048, "timeout_seconds": 120, "retries": 1}}
+        config.write_text(yaml.safe_dump(settings))
         workspace = Path(scratch) / "ws"
         estimate = api.plan(workspace, args.corpus, config_path=config)["llm"]["tasks"]
         api.index(workspace, args.corpus, config_path=config)
