@@ -166,3 +166,21 @@ def test_the_budget_kernel_equals_fit_budget():
         got = kernels.fit_budget(rows[np.lexsort((rows, -priority))], tokens, budget, key_indptr, key_ids, shown)
         assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids)).tolist()
         assert not shown.any()
+
+
+def test_half_precision_rows_widen_exactly_both_ways():
+    """Every finite half value, as the stored vectors hold them, widens to the same float32 bits
+    through the compiled kernel, the numpy table and numpy's own cast; rows are gathered in the
+    order asked."""
+    from noderag_cli.search import kernels
+    from noderag_cli.search.vectors import widen
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = every[np.isfinite(every)]
+    vectors = np.concatenate([finite, np.zeros(-len(finite) % 256, np.float16)]).reshape(-1, 256)
+    rows = np.arange(len(vectors))[::-1].copy()
+    compiled = np.empty((len(rows), 256), np.float32)
+    kernels.widen_half(vectors.view(np.uint16), rows, compiled)
+    expected = vectors[rows].astype(np.float32)
+    assert np.array_equal(compiled.view(np.uint32), expected.view(np.uint32))
+    assert np.array_equal(widen(vectors, rows).view(np.uint32), expected.view(np.uint32))

@@ -200,22 +200,25 @@ def fit_budget(ordered, tokens, budget, key_indptr, key_ids, shown):
     return kept[:count]
 
 
-HALF_SCALE = np.array([2.0**-24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
-"""Per half-precision exponent field, what its 11-bit significand is worth (the first: subnormals)."""
+HALF_TO_SINGLE = np.float32(2.0**112)
+"""A half's magnitude bits moved into a float32's place (13 bits left) read as 2^112 times the
+half's value, normal or subnormal: one exact multiplication restores it."""
 
 
 @numba.njit(cache=True)
 def widen_half(codes, rows, out):
     """out[i] = row rows[i] of half-precision vectors (their bits as uint16), as float32, exactly:
-    a normal half is (1024 + significand) x 2^(exponent - 25), a subnormal significand x 2^-24.
-    The same values as `vectors.widen`'s table, which numpy gathers some times slower."""
+    the magnitude bits shifted into place, the sign bit moved, then scaled by `HALF_TO_SINGLE`
+    (finite halves only, which is all a unit vector holds). Loops without branches or tables,
+    so they vectorise: the same values as `vectors.widen`'s table, several times faster."""
+    bits = out.view(np.uint32)
     for i in range(rows.shape[0]):
         r = rows[i]
         for j in range(codes.shape[1]):
-            h = codes[r, j]
-            e = (h >> 10) & 0x1F
-            value = np.float32((h & 0x3FF) + (1024 if e > 0 else 0)) * HALF_SCALE[e]
-            out[i, j] = -value if h & 0x8000 else value
+            h = np.uint32(codes[r, j])
+            bits[i, j] = ((h & np.uint32(0x7FFF)) << np.uint32(13)) | ((h & np.uint32(0x8000)) << np.uint32(16))
+        for j in range(out.shape[1]):
+            out[i, j] *= HALF_TO_SINGLE
 
 
 def warm_up() -> None:
