@@ -286,3 +286,20 @@ def test_a_gigabyte_file_is_skipped_without_reading_it_into_memory(tmp_path):
         assert run.returncode == 0, run.stderr
         assert any(item["path"] == "huge.txt" and reason in item["reason"] for item in run.json()["skipped_files"])
         assert int(peak.read_text()) < 700 * 1024, f"peak RSS {int(peak.read_text()) // 1024} MB"
+
+
+def test_clustered_search_is_the_same_compiled_or_not(clustered_build):
+    """The compiled int8 scoring of probed members and numpy's give the same estimates, so the
+    same rows and cosines, bit for bit, at every number of probes."""
+    from noderag_cli.search import kernels
+    from noderag_cli.search.vectors import probe_top
+
+    with api.open_workspace(clustered_build, compiled=False) as session:
+        side = session.retriever.vector_side
+        for question in ("Who founded the Korven Institute?", "What happened in the flood?", "Who built the Orlen ferries?"):
+            query = session.retriever.embed_question(question)
+            for probes in (1, 2, len(side.clusters[0])):
+                plain = probe_top(*side.clusters, side.vectors, query, 5, probes)
+                compiled = probe_top(*side.clusters, side.vectors, query, 5, probes, kernels)
+                assert plain[0].tolist() == compiled[0].tolist()
+                assert plain[1].tobytes() == compiled[1].tobytes()

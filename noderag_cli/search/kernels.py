@@ -221,6 +221,18 @@ def widen_half(codes, rows, out):
             out[i, j] *= HALF_TO_SINGLE
 
 
+@numba.njit(cache=True)
+def int8_scores(codes, positions, query, out):
+    """out[i] = codes[positions[i]] . query, int8 codes against an int8-rounded query (as int32),
+    summed in int32: exact, so equal to numpy's float32 product of the same integers."""
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        total = np.int32(0)
+        for j in range(codes.shape[1]):
+            total += np.int32(codes[p, j]) * query[j]
+        out[i] = np.float32(total)
+
+
 def warm_up() -> None:
     """Compile the kernels (or load them from numba's cache) for the array types the retriever
     passes, so that no query pays for it."""
@@ -229,6 +241,7 @@ def warm_up() -> None:
                               np.zeros(2), 0.0)
     select_walk(support, mass, np.array([0], np.int64), 0.5, np.array([UNIT, ENTITY], np.int8), np.zeros(len(support)), 0.0,
                 indptr, indices, np.ones(5, np.int64), 1, 0.3)
+    int8_scores(np.ones((2, 4), np.int8), np.array([1], np.int64), np.ones(4, np.int32), np.empty(1, np.float32))
     fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
                np.array([0], np.int32), np.zeros(1, np.bool_))
     widen_half(np.zeros((2, 4), np.uint16), np.array([1], np.int64), np.zeros((1, 4), np.float32))

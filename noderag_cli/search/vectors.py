@@ -64,19 +64,27 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
 
 
 def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
-              vectors: np.ndarray, query: np.ndarray, k: int, probes: int) -> tuple[np.ndarray, np.ndarray]:
+              vectors: np.ndarray, query: np.ndarray, k: int, probes: int, kernels=None) -> tuple[np.ndarray, np.ndarray]:
     """The k vector rows most similar to `query` among the members of its `probes` nearest
     clusters, with their exact cosines (best first, ties by row): a cost set by the probes, not by
     the size of the build. The members are scored by their int8 `codes`, stored cluster after
     cluster (a contiguous read per cluster, a quarter of the float32 bytes scattered over the
-    vectors file), and the best SCAN8_CANDIDATES + k of them rescored exactly."""
+    vectors file), against the query rounded to int8 as well: every such product and sum is an
+    integer below 2^24, exact in float32 in any order, so the compiled kernel (`kernels`, where the
+    retriever loaded them) and numpy give the same estimates. The best SCAN8_CANDIDATES + k of
+    them are rescored exactly."""
     nearness = inner_products(centroids, query)
     probes = min(probes, len(nearness))
     probed = np.argpartition(-nearness, probes - 1)[:probes] if probes < len(nearness) else np.arange(len(nearness))
     positions = row_entries(indptr, np.sort(probed))
     wanted = SCAN8_CANDIDATES + k
     if wanted < len(positions):
-        estimates = inner_products(codes[positions].astype(np.float32), query)
+        rounded = np.rint(query * (127.0 / max(float(np.abs(query).max(initial=0.0)), 1e-12))).astype(np.float32)
+        if kernels is not None:
+            estimates = np.empty(len(positions), np.float32)
+            kernels.int8_scores(codes, positions, rounded.astype(np.int32), estimates)
+        else:
+            estimates = inner_products(codes[positions].astype(np.float32), rounded)
         positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
     rows = members[positions]
     exact = inner_products_at(vectors, query, rows)
@@ -177,7 +185,7 @@ class VectorSide:
         (`_scan8_top`); otherwise (or when that cannot prove its answer) by a flat scan."""
         if types == SCANNED and similarities is None and 0 < k < len(self.scanned_rows):
             if self.clusters is not None:
-                rows, exact = probe_top(*self.clusters, self.vectors, query, k, probes or self.probes)
+                rows, exact = probe_top(*self.clusters, self.vectors, query, k, probes or self.probes, self.kernels)
                 return self.node_of_vector[rows], exact
             found = self._scan8_top(query, k)
             if found is not None:
