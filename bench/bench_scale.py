@@ -166,14 +166,15 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     so a prefix is a random sample): the similarity lists exactly and from clusters (seconds, and
     the share of the exact 64 found on 300 sampled rows), and the vector side's top 10 by the int8
     scan and by probing clusters (ms per question, median of `queries` questions: the build's own
-    vectors with a little noise)."""
+    vectors with a little noise), each as the query path runs it (one thread, compiled kernels)."""
     import pyarrow.parquet as pq
 
     from noderag_cli import ivf
     from noderag_cli.config import SearchConfig, SimilarityConfig
     from noderag_cli.index import similarity_edges as se
+    from noderag_cli.search import kernels
     from noderag_cli.search.prepare import int8_codes, scan8, vector_clusters
-    from noderag_cli.search.vectors import inner_products_at, probe_top
+    from noderag_cli.search.vectors import inner_products_at, one_thread, probe_top
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
     vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
@@ -212,12 +213,13 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
         for query in picked:
             started = time.perf_counter()
             rounded = np.rint(query.astype(np.float64) * 127.0 / np.abs(query).max()).astype(np.float32)
-            _, found = index.search(rounded[None, :], 58)
+            with one_thread():  # as the query path scans
+                _, found = index.search(rounded[None, :], 58)
             exact = inner_products_at(part, query, found[0])
             top_scan = found[0][np.lexsort((found[0], -exact))[:10]]
             scan_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            top_probe = probe_top(centroids, indptr, members, codes, part, query, 10, search.vector_probes)[0]
+            top_probe = probe_top(centroids, indptr, members, codes, part, query, 10, search.vector_probes, kernels)[0]
             probe_ms.append((time.perf_counter() - started) * 1000)
             same += set(top_scan.tolist()) == set(top_probe.tolist())
         lines.append(f"| {n:,} | {statistics.median(scan_ms):.3f} | {statistics.median(probe_ms):.3f} | "
