@@ -106,7 +106,7 @@ class SearchConfig(_Section):
     use_exact: bool = True
     use_vector: bool = True
     clustered_from: int = Field(
-        150_000, ge=0, description="S, A and H vectors from which a build's vector side probes clusters instead of "
+        40_000, ge=0, description="S, A and H vectors from which a build's vector side probes clusters instead of "
         "scanning them all (set when indexing; docs/benchmarks.md: where each is faster)")
     vector_probes: int = Field(32, ge=1, description="clusters whose members are scored, when the build has them")
 
