@@ -54,17 +54,18 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
                 touched[count] = entry
                 count += 1
         if count * 8 < len(scratch):
-            support = np.sort(touched[:count])
-        else:  # most of the graph reached (deep walks): one pass over the nodes beats sorting them
-            support = np.empty(count, np.int64)
-            k = entry = 0
-            for node in range(len(scratch)):
-                is_entry = entry < len(entries) and node == entries[entry]
-                if is_entry:
-                    entry += 1
-                if is_entry or scratch[node] != 0.0:
-                    support[k] = node
-                    k += 1
+            support, mass = _kept_sorted(touched[:count], scratch, entries, alpha, start, min_mass)
+            continue
+        # most of the graph reached (deep walks): one pass over the nodes beats sorting them
+        support = np.empty(count, np.int64)
+        k = entry = 0
+        for node in range(len(scratch)):
+            is_entry = entry < len(entries) and node == entries[entry]
+            if is_entry:
+                entry += 1
+            if is_entry or scratch[node] != 0.0:
+                support[k] = node
+                k += 1
         mass = np.empty(count)
         entry = kept = 0
         for i in range(count):
@@ -80,6 +81,32 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
                 kept += 1
         support, mass = support[:kept], mass[:kept]
     return support, mass
+
+
+@numba.njit(cache=True)
+def _kept_sorted(touched, scratch, entries, alpha, start, min_mass):
+    """A step's new (support, mass) from the nodes it touched (unordered): each node's value
+    computed as the loop at the end of `ppr_paper` computes it, the nodes carrying more than
+    min_mass kept, and only those sorted (a few thousand, where the touched may be ten times as
+    many); `scratch` left zeroed."""
+    entry_values = np.empty(len(entries))
+    for k in range(len(entries)):
+        entry_values[k] = scratch[entries[k]] * (1 - alpha) + alpha * start
+        scratch[entries[k]] = -1.0 - k  # a mark: no contribution is negative
+    nodes = np.empty(len(touched), np.int64)
+    values = np.empty(len(touched))
+    kept = 0
+    for i in range(len(touched)):
+        node = touched[i]
+        mark = scratch[node]
+        value = entry_values[int(-mark - 1.0)] if mark < 0.0 else mark * (1 - alpha)
+        scratch[node] = 0.0
+        if value > min_mass:
+            nodes[kept] = node
+            values[kept] = value
+            kept += 1
+    order = np.argsort(nodes[:kept])
+    return nodes[:kept][order], values[:kept][order]
 
 
 @numba.njit(inline="always")
