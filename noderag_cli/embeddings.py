@@ -82,7 +82,7 @@ _MODELS: dict[tuple[str, int], TokenTable] = {}  # loaded bundled models, per pr
 def load_model(config: EmbeddingConfig) -> TokenTable:
     """The bundled token-embedding table (float32) and its tokenizer, read straight from the
     wordllama wheel's files (importing wordllama and letting it load a second copy of the
-    tokenizer would add ~0.2 s to every run); loaded once per process."""
+    tokenizer would add its loading time to every run's start-up); loaded once per process."""
     if (config.model, config.dim) in _MODELS:
         return _MODELS[(config.model, config.dim)]
     from safetensors import safe_open

@@ -512,7 +512,7 @@ class LiteLLMEngine:
     def _prompt_tokens(self, messages: list[dict]) -> int:
         """The prompt's tokens where the count matters, else an upper bound.
 
-        An exact count tokenises the whole prompt (about 0.1 ms). It matters for a tokens-per-minute
+        An exact count tokenises the whole prompt. It matters for a tokens-per-minute
         limit and when the prompt may not leave room for a full reply; otherwise the bound gives
         the same max_tokens and the same checks.
         """

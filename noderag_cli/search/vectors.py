@@ -35,7 +35,7 @@ def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
 def one_thread():
     """faiss's OpenMP team held to one thread for one question's scan: waking a team costs more
     than a scan of this size, and on a busy machine, where the second thread waits for a core,
-    ten to twenty times more. Indexing, which searches many rows at once, keeps every core."""
+    far more. Indexing, which searches many rows at once, keeps every core."""
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
