@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                                     "Incremental update with an LLM engine", 1800))
     sections.append(_module_section("bench.bench_startup", [], "Start-up", 600))
     sections.append(_module_section("bench.bench_estimate", [], "Dry-run estimate", 900))
+    smollm2 = ROOT / "docs" / "benchmarks-estimate-smollm2.md"  # `bench_estimate --upstream`, run on its own
+    if smollm2.is_file():
+        sections[-1] += ["", smollm2.read_text(encoding="utf-8").strip(), "",
+                         f"_(last run {datetime.date.fromtimestamp(smollm2.stat().st_mtime).isoformat()})_"]
     sections.append(_module_section("bench.bench_generations", data_args, "Opening a workspace", 5400))
     sections.append(_module_section("bench.bench_clustered", data_args, "The clustered paths", 1800))
     if (args.data / "musique").is_dir():

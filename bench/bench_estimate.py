@@ -11,7 +11,10 @@ With `--upstream URL` the fault server forwards every request to that OpenAI-com
 and counts what it answered, with the small model's settings of tests/test_llm_pipeline.py:
 the figure the issue asks to be reported for the local model.
 
-    python -m bench.bench_estimate [--upstream http://127.0.0.1:PORT]
+    python -m bench.bench_estimate [--upstream http://127.0.0.1:PORT --out docs/benchmarks-estimate-smollm2.md]
+
+`make bench` runs it in rich mode and adds the SmolLM2 file as it was last written (the model run
+takes a quarter of an hour and needs the llama.cpp server, so it is run on its own).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=ROOT / "sample_corpus")
     parser.add_argument("--upstream", help="forward to this model server instead of answering in rich mode")
+    parser.add_argument("--out", type=Path, help="also write the section to this file")
     args = parser.parse_args(argv)
     server = FaultServer(default="good" if args.upstream else "rich", upstream=args.upstream)
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch, server:
@@ -84,10 +88,20 @@ def main(argv: list[str] | None = None) -> int:
         total_cells.append(f"{totals['est'][key]:,} / {totals['act'][key]:,} ({ratio:.2f})")
     lines.append("| **total** | " + " | ".join(total_cells) + " |")
     verdict = "met" if worst <= TARGET else "NOT met"
-    lines += ["", f"Largest deviation of the run's totals {worst:.0%}, against a target of at most {TARGET:.0%}: "
-              f"{verdict}."]
-    print("\n".join(lines))
-    return 0 if worst <= TARGET else 1
+    if args.upstream:
+        lines += ["", f"Largest deviation of the run's totals {worst:.0%}. Reported, not a target (the target of at "
+                  f"most {TARGET:.0%} is measured against the fault server): a small model's replies often fail "
+                  "validation and are asked again, and the graph it builds differs from the offline pass's, so per "
+                  "task the estimate can miss widely."]
+    else:
+        lines += ["", f"Largest deviation of the run's totals {worst:.0%}, against a target of at most {TARGET:.0%}: "
+                  f"{verdict}."]
+    text = "\n".join(lines)
+    if args.out:
+        args.out.write_text(text.replace("## Dry-run estimate against the run", "### The same against SmolLM2", 1)
+                            if args.upstream else text + "\n", encoding="utf-8")
+    print(text)
+    return 0 if worst <= TARGET or args.upstream else 1
 
 
 if __name__ == "__main__":
