@@ -1,6 +1,6 @@
 """The clustered paths on the dev sets: how many of the exact 64 nearest neighbours the clustered
 similarity candidates hold, and retrieval with the clustered similarity edges and vector side
-forced on (they start at 60,000 nodes and 150,000 vectors, far above the dev sets), against the
+forced on (they start at 60,000 nodes and 40,000 S, A and H vectors, above the dev sets), against the
 exact paths, at equal budgets.
 
     python -m bench.bench_clustered [--data ../shared/eval] [--work bench-out/clustered]
