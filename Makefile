@@ -28,7 +28,7 @@ demo: install
 	$(BIN)/noderag query $(DEMO_WS) "$(DEMO_Q)" --show-context --budget 1000
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check noderag_cli tests
+	$(BIN)/ruff check noderag_cli tests bench
 
 test: $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest -q -ra
