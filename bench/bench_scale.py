@@ -174,7 +174,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli.index import similarity_edges as se
     from noderag_cli.search import kernels
     from noderag_cli.search.prepare import int8_codes, scan8, vector_clusters
-    from noderag_cli.search.vectors import inner_products_at, one_thread, probe_top
+    from noderag_cli.search.vectors import inner_products_at, one_thread, probe_top, rounded_to_int8
 
     ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
     vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
@@ -212,7 +212,7 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
         scan_ms, probe_ms, same = [], [], 0
         for query in picked:
             started = time.perf_counter()
-            rounded = np.rint(query.astype(np.float64) * 127.0 / np.abs(query).max()).astype(np.float32)
+            rounded = rounded_to_int8(query)[0].astype(np.float32)
             with one_thread():  # as the query path scans
                 _, found = index.search(rounded[None, :], 58)
             exact = inner_products_at(part, query, found[0])

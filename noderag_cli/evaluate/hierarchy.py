@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
@@ -113,12 +114,19 @@ def load_or_build(setup, kind: str, build) -> Hierarchy:
 def _to_bytes(h: Hierarchy) -> bytes:
     reports = pa.table({"level": pa.array(h.level, pa.int32()), "text": pa.array(h.text, pa.string()),
                         "tokens": pa.array(h.tokens, pa.int32()), "documents": pa.array(h.documents, pa.list_(pa.string())),
-                        "vector": pa.array(list(h.vectors.astype(np.float32)), pa.list_(pa.float32())),
+                        "vector": _vector_column(h.vectors),
                         "within": pa.array([w.astype(np.int32) for w in h.within], pa.list_(pa.int32()))})
     labels = np.stack(h.labels).astype(np.int32) if h.labels else np.zeros((0, len(h.base)), np.int32)
     arrays = {b"noderag-base": h.base.astype(np.int32).tobytes().hex().encode(),
               b"noderag-labels": labels.tobytes().hex().encode(), b"noderag-levels": str(len(labels)).encode()}
     return parquet_bytes(reports.replace_schema_metadata(arrays))
+
+
+def _vector_column(vectors: np.ndarray) -> pa.ListArray:
+    """One list of float32 per row, built from the flat buffer (not a Python list per vector)."""
+    rows, dim = vectors.shape
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * dim)
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(vectors, np.float32).ravel()))
 
 
 def _read(path) -> Hierarchy:
@@ -128,7 +136,7 @@ def _read(path) -> Hierarchy:
     labels = np.frombuffer(bytes.fromhex(meta[b"noderag-labels"].decode()), np.int32).astype(np.int64)
     labels = labels.reshape(int(meta[b"noderag-levels"]), len(base))
     dim = len(table["vector"][0]) if table.num_rows else 0
-    vectors = np.asarray(table["vector"].to_pylist(), np.float32).reshape(table.num_rows, dim)
+    vectors = pc.list_flatten(table["vector"]).to_numpy().astype(np.float32).reshape(table.num_rows, dim)
     return Hierarchy(base, list(labels), table["level"].to_numpy().astype(np.int32), table["text"].to_pylist(),
                      table["tokens"].to_numpy().astype(np.int64), table["documents"].to_pylist(), vectors,
                      [np.asarray(w, np.int64) for w in table["within"].to_pylist()])
@@ -161,10 +169,11 @@ def nearest(vectors: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
 def _labels_in_order(labels: np.ndarray) -> np.ndarray:
     """Labels renumbered 0.. in order of first appearance (-1 kept)."""
     out = np.full(len(labels), -1, np.int64)
-    seen: dict[int, int] = {}
-    for i, label in enumerate(labels.tolist()):
-        if label >= 0:
-            out[i] = seen.setdefault(label, len(seen))
+    valid = labels >= 0
+    distinct, first = np.unique(labels[valid], return_index=True)
+    rank = np.empty(len(distinct), np.int64)
+    rank[np.argsort(first)] = np.arange(len(distinct))
+    out[valid] = rank[np.searchsorted(distinct, labels[valid])]
     return out
 
 

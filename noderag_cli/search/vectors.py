@@ -63,6 +63,14 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
     return inner_products(widen(vectors, np.asarray(rows, dtype=np.int64)), query)
 
 
+def rounded_to_int8(query: np.ndarray) -> tuple[np.ndarray, float]:
+    """The query on the int8 grid the codes are compared against (integers in [-127, 127], as
+    float64) and the scale that put it there; computed in float64, so both vector paths round alike."""
+    query64 = query.astype(np.float64)
+    scale = 127.0 / max(float(np.abs(query64).max(initial=0.0)), 1e-12)
+    return np.rint(query64 * scale), scale
+
+
 def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, codes: np.ndarray,
               vectors: np.ndarray, query: np.ndarray, k: int, probes: int, kernels=None) -> tuple[np.ndarray, np.ndarray]:
     """The k vector rows most similar to `query` among the members of its `probes` nearest
@@ -79,12 +87,12 @@ def probe_top(centroids: np.ndarray, indptr: np.ndarray, members: np.ndarray, co
     positions = row_entries(indptr, np.sort(probed))
     wanted = SCAN8_CANDIDATES + k
     if wanted < len(positions):
-        rounded = np.rint(query * (127.0 / max(float(np.abs(query).max(initial=0.0)), 1e-12))).astype(np.float32)
+        rounded, _ = rounded_to_int8(query)
         if kernels is not None:
             estimates = np.empty(len(positions), np.float32)
             kernels.int8_scores(codes, positions, rounded.astype(np.int32), estimates)
         else:
-            estimates = inner_products(codes[positions].astype(np.float32), rounded)
+            estimates = inner_products(codes[positions].astype(np.float32), rounded.astype(np.float32))
         positions = np.sort(positions[np.argpartition(-estimates, wanted - 1)[:wanted]])
     rows = members[positions]
     exact = inner_products_at(vectors, query, rows)
@@ -155,8 +163,7 @@ class VectorSide:
         estimated no higher than the last candidate, so it scores at most that estimate plus the
         bound; when that is below the exact k-th best among the candidates, it cannot be in the top k."""
         query64 = query.astype(np.float64)
-        scale = 127.0 / max(float(np.abs(query64).max(initial=0.0)), 1e-12)
-        rounded = np.rint(query64 * scale)
+        rounded, scale = rounded_to_int8(query)
         query_error = float(np.linalg.norm(query64 - rounded / scale))
         wanted = min(SCAN8_CANDIDATES + k, len(self.scanned_rows))
         with one_thread():
