@@ -103,6 +103,17 @@ class SearchConfig(_Section):
         0.3, ge=0, description="walk_similarity: factor on T scores, so whole chunks fill what units leave of the budget")
     rank: Literal["walk_similarity", "ppr"] = Field(
         "walk_similarity", description="ppr: raw PPR scores (the paper); walk_similarity: see search/retriever.py")
+    exact_share: float | None = Field(
+        0.3, ge=0, le=1, description="share of the walk's start on the entities the question names, each by how "
+        "specific it is (rarer names more); the rest on the vector entry points; null: the same on every entry "
+        "point (the paper; search/rounds.py)")
+    second_round_chunks: int = Field(
+        2, ge=0, description="a second walk also starts from the entities named in the chunks of this many of the "
+        "first walk's best units, to reach the passages of what the first hop found (0: one round, the paper)")
+    second_round_share: float = Field(0.5, gt=0, lt=1, description="share of the second walk's start on those entities")
+    document_diversity: float = Field(
+        0.4, gt=0, le=1, description="the context takes a node's score times this for every node already taken from "
+        "its document, so it covers more passages (1: by score alone, the paper)")
     use_exact: bool = True
     use_vector: bool = True
     clustered_from: int = Field(

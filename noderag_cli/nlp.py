@@ -191,7 +191,10 @@ STOPWORDS = frozenset(
     too under until up upon very was we were what when where whether which while who whom whose why will with
     within without would yet you your yours yourself today tomorrow yesterday according despite following""".split()
 )
-CONNECTORS = frozenset({"of", "the", "de", "la", "le", "du", "der", "von", "van", "da", "di", "del", "and", "for", "&", "upon", "on"})
+CONNECTORS = frozenset({"of", "the", "de", "la", "le", "du", "der", "von", "van", "da", "di", "del", "for", "&", "upon", "on"})
+"""Words that continue a name between capitalised words ("Bank of England"). Not "and": "Corey Taylor
+and Denny Harvey" names two people far more often than one thing ("Trinidad and Tobago" then
+becomes two names, each still leading to the units that mention it)."""
 MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
 _DATE = re.compile(
     rf"\b(?:\d{{1,2}}\s+(?:{MONTHS})\s+\d{{3,4}}|(?:{MONTHS})\s+\d{{1,2}},?\s+\d{{3,4}}|(?:{MONTHS})\s+\d{{4}}|(?:1[0-9]|20)\d{{2}}s?)\b"
@@ -249,6 +252,16 @@ def find_entities(sentence: str) -> list[tuple[int, int, str]]:
             spans.append((start, start + len(surface), surface))
         i = last + 1
     return _dedupe_spans(spans)
+
+
+_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def base_title(title: str) -> str:
+    """A title without the qualifier in parentheses that tells it from others of the same name:
+    "Hello Love (song)" -> "Hello Love" (the name other documents mention it by)."""
+    base = _QUALIFIER.sub("", title).strip()
+    return base or title.strip()
 
 
 def _dedupe_spans(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -90,7 +90,7 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
     its quota best by sqrt(walk) x similarity, computed here the long way with full dot products."""
     import numpy as np
 
-    from noderag_cli.search.ppr import shallow_ppr
+    from noderag_cli.search.ppr import shallow_ppr, uniform_start
     from noderag_cli.search.retriever import TYPE_CODE
 
     r = session.retriever
@@ -101,7 +101,8 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
         entries = np.union1d(exact, vector).astype(np.int64)
         support, mass = shallow_ppr(r.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
                                     params.ppr_iterations)
-        rows, scores = r.select(support, mass, entries, params, query, r.vector_side.similarities(query))
+        rows, scores = r.select(support, mass, entries, uniform_start(entries), params, query,
+                                r.vector_side.similarities(query))
         walk = dict(zip(support.tolist(), mass.tolist(), strict=True))
         for e in entries.tolist():
             walk[e] = max(walk[e] - params.ppr_alpha / len(entries), 0.0)
@@ -136,7 +137,7 @@ def test_context_is_deterministic_and_grouped_by_type(session):
 def _check_shape(payload: dict) -> None:
     assert set(payload) >= {"question", "answer", "context_tokens", "nodes", "entry_points", "timings"}
     assert isinstance(payload["context_tokens"], int)
-    assert set(payload["entry_points"]) == {"exact", "vector"}
+    assert set(payload["entry_points"]) == {"exact", "vector", "bridge"}
     assert isinstance(payload["timings"]["retrieval_ms"], float | int)
     for node in payload["nodes"]:
         assert set(node) >= {"id", "type", "score", "text", "documents"}

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from noderag_cli.search.context import fit_budget, sentence_key_ids, sentence_keys, top_per_group
+from noderag_cli.search.context import diversity_powers, fit_budget, sentence_key_ids, sentence_keys, top_per_group
 from noderag_cli.search.entry import NameIndex
-from noderag_cli.search.ppr import WalkMatrix, shallow_ppr
+from noderag_cli.search.ppr import WalkMatrix, shallow_ppr, uniform_start
 
 
 def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
@@ -123,7 +123,7 @@ def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
 def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
     from noderag_cli.search import kernels
 
-    rng = np.random.default_rng(11)
+    rng, shares = np.random.default_rng(11), np.random.default_rng(12)
     for trial in range(40):  # sparse and dense graphs: the kernel gathers a step's support both ways
         n = int(rng.integers(5, 400))
         adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer)
@@ -138,16 +138,19 @@ def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
         iterations = int(rng.integers(0, 5))
         alpha = float(rng.choice([0.15, 0.5, 0.85]))
         min_mass = float(rng.choice([0.0, 1e-3, 1e-2]))
-        expected = shallow_ppr(walk, entries, alpha, iterations, min_mass=min_mass)
+        start = None if trial % 2 else shares.dirichlet(np.ones(len(entries)))  # uniform, or one share each
+        expected = shallow_ppr(walk, entries, alpha, iterations, min_mass=min_mass, start=start)
         scratch = np.zeros(n)
-        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries, alpha, iterations, scratch,
-                                          min_mass)
+        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries,
+                                          uniform_start(entries) if start is None else start, alpha, iterations,
+                                          scratch, min_mass)
         assert np.array_equal(support, expected[0]), trial
         assert np.array_equal(mass, expected[1]), trial  # same sums in the same order: same bits
         assert not scratch.any()  # handed back cleared
 
 
 def test_the_budget_kernel_equals_fit_budget():
+    """Plain and with the document diversity factor, with nodes of no, one and several documents."""
     from noderag_cli.search import kernels
 
     rng = np.random.default_rng(5)
@@ -163,9 +166,17 @@ def test_the_budget_kernel_equals_fit_budget():
         key_indptr = np.r_[0, np.cumsum([len(k) for k in keys])].astype(np.int64)
         key_ids = np.array([key_id[k] for ks in keys for k in sorted(ks)], np.int64)
         shown = np.zeros(len(vocabulary), bool)
-        got = kernels.fit_budget(rows[np.lexsort((rows, -priority))], tokens, budget, key_indptr, key_ids, shown)
-        assert got.tolist() == fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids)).tolist()
-        assert not shown.any()
+        sources = [np.sort(rng.choice(6, int(rng.integers(0, 3)), replace=False)) for _ in range(n)]
+        doc_indptr = np.r_[0, np.cumsum([len(d) for d in sources])].astype(np.int32)
+        doc_codes = np.concatenate(sources).astype(np.int32)
+        taken = np.zeros(6, np.int64)
+        for diversity in (1.0, 0.4):
+            got = kernels.fit_budget(rows, priority, tokens, budget, key_indptr, key_ids, shown, doc_indptr, doc_codes,
+                                     taken, diversity_powers(diversity, len(rows)))
+            expected = fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids),
+                                  documents=(doc_indptr, doc_codes), diversity=diversity)
+            assert got.tolist() == expected.tolist()
+            assert not shown.any() and not taken.any()
 
 
 def test_half_precision_rows_widen_exactly_both_ways():

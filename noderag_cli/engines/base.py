@@ -16,7 +16,7 @@ from typing import Protocol
 from ..config import LLMConfig
 from ..errors import ConfigError
 
-OFFLINE_NAME = "offline-v1"  # the offline engine's version: a change to its rules changes it
+OFFLINE_NAME = "offline-v2"  # the offline engine's version: a change to its rules changes it
 
 
 def identity(llm: LLMConfig, prompt_set=None) -> dict:

@@ -84,7 +84,7 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
                 sentences[-1] = f"{sentences[-1]} {sentence}"
             else:
                 sentences.append(sentence)
-    units = []
+    spotted = []
     for sentence in sentences:
         text = sentence
         spans = nlp.find_entities(text)
@@ -92,7 +92,14 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
             text = f"{title}: {sentence}"
             shift = len(title) + 2
             spans = [(0, len(title), title)] + [(a + shift, b + shift, name) for a, b, name in spans]
-        entities = tuple(dict.fromkeys(s[2] for s in spans if normalize_name(s[2])))
+        spotted.append((text, spans))
+    subject = nlp.base_title(title)
+    full_name = _full_names([span[2] for _, spans in spotted for span in spans] + [subject])
+    full_name[title.casefold()] = subject  # a qualified title ("X (film)") also names its subject, X  # the title names what other documents call it by its base
+    units = []
+    for text, spans in spotted:
+        names = [s[2] for s in spans if normalize_name(s[2])]
+        entities = tuple(dict.fromkeys(n for name in names for n in (name, full_name.get(name.casefold())) if n))
         relations = []
         for left, right in zip(spans, spans[1:], strict=False):
             between = text[left[1] : right[0]].strip(" ,;:()\"'\u201c\u201d-")
@@ -102,6 +109,20 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
                     relations.append((left[2], between, right[2]))
         units.append(Unit(text=text, entities=entities, relations=tuple(dict.fromkeys(relations))))
     return units
+
+
+def _full_names(names: list[str]) -> dict[str, str]:
+    """One chunk's short names resolved to the one longer name they shorten: a single word that
+    starts or ends exactly one multi-word name of the chunk ("Snow" -> "Hank Snow", "Gisvi" ->
+    "Gisvi Isaque Andrade Antunes"), as a writer shortens a name already given in full. Keyed by
+    the short name case-folded; a word that could shorten two names is left alone."""
+    longer: dict[str, set[str]] = {}
+    for name in dict.fromkeys(names):
+        words = name.split()
+        if len(words) > 1 and not any(c.isdigit() for c in name):
+            for word in {words[0], words[-1]}:
+                longer.setdefault(word.casefold(), set()).add(name)
+    return {short: next(iter(full)) for short, full in longer.items() if len(full) == 1}
 
 
 class OfflineEngine:

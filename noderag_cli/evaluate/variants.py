@@ -24,6 +24,12 @@ Every variant runs on the same indexed workspace, without re-indexing:
 - `lazy-ppr`: the reference code's lazy walk (`ppr_variant` "lazy").
 - `paper-rank`: the paper's ranking, raw PPR scores (`rank` "ppr"), instead of this project's
   walk mass times similarity.
+- `uniform-start`: the walk starts evenly on every entry point (`exact_share` None, the paper),
+  not with a share on the question's entities weighted by how specific they are.
+- `one-round`: no second round from the entities of the first round's best chunks
+  (`second_round_chunks` 0, the paper).
+- `no-diversity`: the context by score alone (`document_diversity` 1, the paper), without the
+  factor on nodes whose documents are already in it.
 """
 
 from __future__ import annotations
@@ -96,6 +102,12 @@ def _variants() -> dict[str, StrategySpec]:
                      lambda s: _search(s.retriever, ppr_variant="lazy")),
         StrategySpec("paper-rank", "ablation", "the paper's raw PPR ranking instead of walk x similarity",
                      lambda s: _search(s.retriever, rank="ppr")),
+        StrategySpec("uniform-start", "ablation", "the walk starts evenly on every entry point (the paper)",
+                     lambda s: _search(s.retriever, exact_share=None)),
+        StrategySpec("one-round", "ablation", "no second round from the entities of the best first-round chunks",
+                     lambda s: _search(s.retriever, second_round_chunks=0)),
+        StrategySpec("no-diversity", "ablation", "the context by score alone, no factor for documents already in it",
+                     lambda s: _search(s.retriever, document_diversity=1.0)),
     ]
     return {spec.name: spec for spec in specs}
 

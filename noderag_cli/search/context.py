@@ -9,6 +9,7 @@ then shown grouped by type.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Sequence
 
@@ -55,15 +56,24 @@ def top_per_group(scores: np.ndarray, groups: np.ndarray, eligible: np.ndarray, 
 
 
 def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
-               keys: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+               keys: tuple[np.ndarray, np.ndarray] | None = None,
+               documents: tuple[np.ndarray, np.ndarray] | None = None, diversity: float = 1.0) -> np.ndarray:
     """Rows kept, in priority order (ties by row), whose tokens fit the budget; a node that would
     overflow is skipped, not the rest. With `keys`, each node's sentence keys as ids (CSR arrays
     `(indptr, ids)`, from `sentence_key_ids`), a node that repeats a sentence already in the
     context (a unit inside a chunk already shown, an extractive attribute repeating units) is
     skipped too: its tokens would buy a sentence twice, and what else it says is within reach as
-    units of its own."""
+    units of its own.
+
+    With `documents` (each node's source documents, CSR `(indptr, codes)`) and `diversity` below
+    1, a node's priority is multiplied by `diversity` once for every node already kept from its
+    documents (the most of any of its documents: a summary of passages already shown adds little),
+    and the best node by that priority is kept next: a question that needs two passages is not
+    answered by the fifth sentence of the first."""
     if len(rows) == 0:
         return rows
+    if documents is not None and diversity < 1.0:
+        return _fit_diverse(rows, priority, tokens, budget, keys, documents, diversity_powers(diversity, len(rows)))
     order = np.lexsort((rows, -priority))
     rows, cost = rows[order], tokens[rows[order]].astype(np.int64)
     fits = cost <= budget
@@ -87,6 +97,50 @@ def fit_budget(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budge
         shown.update(node_keys)
         kept.append(row)
         used += size
+        if budget - used < smallest:
+            break
+    return np.asarray(kept, dtype=np.int64)
+
+
+def diversity_powers(diversity: float, count: int) -> np.ndarray:
+    """diversity^k for k = 0..count: the factor on a node whose documents already gave k kept nodes
+    (one table, so the kernel and numpy multiply by the same bits)."""
+    return np.power(float(diversity), np.arange(count + 1, dtype=np.float64))
+
+
+def _fit_diverse(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, budget: int,
+                 keys: tuple[np.ndarray, np.ndarray] | None, documents: tuple[np.ndarray, np.ndarray],
+                 powers: np.ndarray) -> np.ndarray:
+    """`fit_budget` with the diversity factor: greedy on the current priority (priorities only fall,
+    so a heap re-checked on every pop gives the best node each time; ties by row)."""
+    doc_indptr, doc_codes = documents
+    cost = tokens[rows].astype(np.int64)
+    fitting = cost[cost <= budget]
+    smallest = int(fitting.min()) if len(fitting) else 0
+    sources = [doc_codes[doc_indptr[row]:doc_indptr[row + 1]].tolist() for row in rows.tolist()]
+    heap = [(-value, row, i) for i, (value, row) in enumerate(zip(priority.tolist(), rows.tolist(), strict=True))]
+    heapq.heapify(heap)
+    taken: dict[int, int] = {}
+    kept, used, shown = [], 0, set()
+    while heap:
+        negative, row, i = heapq.heappop(heap)
+        seen = max((taken.get(d, 0) for d in sources[i]), default=0)
+        current = priority[i] * powers[seen]
+        if current < -negative:
+            heapq.heappush(heap, (-current, row, i))
+            continue
+        size = int(cost[i])
+        if size > budget or used + size > budget:
+            continue
+        if keys is not None:
+            node_keys = keys[1][keys[0][row]:keys[0][row + 1]].tolist()
+            if not shown.isdisjoint(node_keys):
+                continue
+            shown.update(node_keys)
+        kept.append(row)
+        used += size
+        for d in sources[i]:
+            taken[d] = taken.get(d, 0) + 1
         if budget - used < smallest:
             break
     return np.asarray(kept, dtype=np.int64)

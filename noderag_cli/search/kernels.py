@@ -20,17 +20,16 @@ CHUNK, UNIT, ATTRIBUTE, HIGH_LEVEL, RELATION, ENTITY, OVERVIEW = range(7)  # typ
 
 
 @numba.njit(cache=True)
-def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iterations, scratch, min_mass=0.0):
-    """pi_t = alpha p + (1 - alpha) P^T pi_(t-1) from the uniform start on `entries` (sorted,
-    distinct), as (support sorted, mass). P is given as the adjacency's CSR arrays and each row's
+def ppr_paper(indptr, indices, weights, inverse_degree, entries, start, alpha, iterations, scratch, min_mass=0.0):
+    """pi_t = alpha p + (1 - alpha) P^T pi_(t-1) from p = `start` on `entries` (sorted, distinct;
+    one share each), as (support sorted, mass). P is given as the adjacency's CSR arrays and each row's
     inverse degree (P's entry is inverse_degree[row] x weight, computed here as scipy computed it),
     a third of P's memory, which is what a step's cost follows. Each step adds every gathered entry
     into `scratch` in row order (as np.bincount does), then scales by (1 - alpha) and adds the
     teleport share on the entries. `scratch` (float64, one slot per node) comes in zeroed and is
     left zeroed; a slot still 0 is a node not reached yet (every contribution is positive)."""
-    start = 1.0 / len(entries)
     support = entries.copy()
-    mass = np.full(len(entries), start)
+    mass = start.copy()  # a float64 array, one share per entry
     for _ in range(iterations):
         total = len(entries)
         for i in range(len(support)):
@@ -72,7 +71,7 @@ def ppr_paper(indptr, indices, weights, inverse_degree, entries, alpha, iteratio
             node = support[i]
             value = scratch[node] * (1 - alpha)
             if entry < len(entries) and node == entries[entry]:
-                value += alpha * start
+                value += alpha * start[entry]
                 entry += 1
             scratch[node] = 0.0
             if value > min_mass:  # as shallow_ppr: let go of what carries min_mass or less
@@ -91,7 +90,7 @@ def _kept_sorted(touched, scratch, entries, alpha, start, min_mass):
     many); `scratch` left zeroed."""
     entry_values = np.empty(len(entries))
     for k in range(len(entries)):
-        entry_values[k] = scratch[entries[k]] * (1 - alpha) + alpha * start
+        entry_values[k] = scratch[entries[k]] * (1 - alpha) + alpha * start[k]
         scratch[entries[k]] = -1.0 - k  # a mark: no contribution is negative
     nodes = np.empty(len(touched), np.int64)
     values = np.empty(len(touched))
@@ -130,8 +129,8 @@ def _offer(best_at, best, size, quota, position, value):
 
 
 @numba.njit(cache=True)
-def select_walk(support, mass, entries, alpha, codes, similarity, relation_similarity, leads_indptr, leads_indices,
-                quotas, cross_a, chunk_weight):
+def select_walk(support, mass, entries, start, alpha, codes, similarity, relation_similarity, leads_indptr,
+                leads_indices, quotas, cross_a, chunk_weight):
     """Positions in `support` of the retrieved nodes, ascending, and their scores, as
     `Retriever.select` defines them for rank "walk_similarity": entry points of retrievable
     types; the A and H nodes next to entry N and O nodes and to the `cross_a` entities of most
@@ -140,12 +139,13 @@ def select_walk(support, mass, entries, alpha, codes, similarity, relation_simil
     n = len(support)
     is_entry = np.zeros(n, np.bool_)
     walk = mass.copy()
-    teleport = alpha / len(entries)
     entry = 0
     for i in range(n):
+        while entry < len(entries) and entries[entry] < support[i]:
+            entry += 1  # an entry point the walk let go of
         if entry < len(entries) and support[i] == entries[entry]:
             is_entry[i] = True
-            walk[i] = max(walk[i] - teleport, 0.0)
+            walk[i] = max(walk[i] - alpha * start[entry], 0.0)
             entry += 1
     chosen = np.zeros(n, np.bool_)
     leaders = np.empty(n + max(cross_a, 0), np.int64)
@@ -191,18 +191,31 @@ def select_walk(support, mass, entries, alpha, codes, similarity, relation_simil
 
 
 @numba.njit(cache=True)
-def fit_budget(ordered, tokens, budget, key_indptr, key_ids, shown):
-    """`context.fit_budget` with sentence keys, on key ids: of the rows `ordered` (by priority,
-    ties by row), those that fit the budget and repeat no sentence already kept. A node's sentence
-    keys are key_ids[key_indptr[node]:key_indptr[node + 1]]; `shown` (one flag per key id) comes in
-    cleared and is left cleared."""
+def fit_budget(rows, priority, tokens, budget, key_indptr, key_ids, shown, doc_indptr, doc_codes, taken, powers):
+    """`context.fit_budget` with sentence keys and the diversity factor, on key ids: of `rows`, those
+    that fit the budget and repeat no sentence already kept, taken best first by priority x
+    powers[k] (k: the nodes already kept from the node's documents, the most of any of them; ties
+    by row). A node's sentence keys are key_ids[key_indptr[node]:key_indptr[node + 1]]; `shown`
+    (one flag per key id) and `taken` (one count per document) come in cleared and are left cleared.
+    With powers all 1 this is the plain order by priority."""
+    n = len(rows)
     smallest = budget + 1
-    for node in ordered:
+    for node in rows:
         if tokens[node] <= budget and tokens[node] < smallest:
             smallest = tokens[node]
-    kept = np.empty(len(ordered), np.int64)
+    current = priority.copy()
+    alive = np.ones(n, np.bool_)
+    kept = np.empty(n, np.int64)
     count, used = 0, 0
-    for node in ordered:
+    for _ in range(n):
+        best = -1
+        for i in range(n):
+            if alive[i] and (best < 0 or current[i] > current[best] or (current[i] == current[best] and rows[i] < rows[best])):
+                best = i
+        if best < 0:
+            break
+        alive[best] = False
+        node = rows[best]
         cost = tokens[node]
         if cost > budget or used + cost > budget:
             continue
@@ -220,10 +233,22 @@ def fit_budget(ordered, tokens, budget, key_indptr, key_ids, shown):
         used += cost
         if budget - used < smallest:
             break
+        if doc_indptr[node + 1] > doc_indptr[node]:
+            for j in range(doc_indptr[node], doc_indptr[node + 1]):
+                taken[doc_codes[j]] += 1
+            for i in range(n):
+                if alive[i]:
+                    other = rows[i]
+                    seen = 0
+                    for j in range(doc_indptr[other], doc_indptr[other + 1]):
+                        seen = max(seen, taken[doc_codes[j]])
+                    current[i] = priority[i] * powers[seen]
     for k in range(count):
         node = kept[k]
         for j in range(key_indptr[node], key_indptr[node + 1]):
             shown[key_ids[j]] = False
+        for j in range(doc_indptr[node], doc_indptr[node + 1]):
+            taken[doc_codes[j]] = 0
     return kept[:count]
 
 
@@ -264,11 +289,12 @@ def warm_up() -> None:
     """Compile the kernels (or load them from numba's cache) for the array types the retriever
     passes, so that no query pays for it."""
     indptr, indices = np.array([0, 1, 2], np.int32), np.array([1, 0], np.int32)
-    support, mass = ppr_paper(indptr, indices, np.ones(2, np.uint8), np.ones(2), np.array([0], np.int64), 0.5, 1,
-                              np.zeros(2), 0.0)
-    select_walk(support, mass, np.array([0], np.int64), 0.5, np.array([UNIT, ENTITY], np.int8), np.zeros(len(support)), 0.0,
-                indptr, indices, np.ones(5, np.int64), 1, 0.3)
+    support, mass = ppr_paper(indptr, indices, np.ones(2, np.uint8), np.ones(2), np.array([0], np.int64), np.ones(1),
+                              0.5, 1, np.zeros(2), 0.0)
+    select_walk(support, mass, np.array([0], np.int64), np.ones(1), 0.5, np.array([UNIT, ENTITY], np.int8),
+                np.zeros(len(support)), 0.0, indptr, indices, np.ones(5, np.int64), 1, 0.3)
     int8_scores(np.ones((2, 4), np.int8), np.array([1], np.int64), np.ones(4, np.int32), np.empty(1, np.float32))
-    fit_budget(np.array([0, 1], np.int64), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
-               np.array([0], np.int32), np.zeros(1, np.bool_))
+    fit_budget(np.array([0, 1], np.int64), np.ones(2), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
+               np.array([0], np.int32), np.zeros(1, np.bool_), np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32),
+               np.zeros(1, np.int64), np.ones(3))
     widen_half(np.zeros((2, 4), np.uint16), np.array([1], np.int64), np.zeros((1, 4), np.float32))

@@ -91,18 +91,26 @@ def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray
     return reached, sums.astype(np.float64, copy=False)  # no entries at all: bincount gives integers
 
 
+def uniform_start(entries: np.ndarray) -> np.ndarray:
+    """The paper's personalisation: the same share on every entry point."""
+    return np.full(len(entries), 1.0 / max(len(entries), 1))
+
+
 def shallow_ppr(walk: WalkMatrix, entries: np.ndarray, alpha: float, iterations: int,
-                variant: str = "paper", min_mass: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """PPR from a uniform start on `entries`, as (support rows sorted, scores). A step reads only the
+                variant: str = "paper", min_mass: float = 0.0, start: np.ndarray | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """PPR from `start` (one share per entry point of the sorted, distinct `entries`, summing to 1;
+    uniform when not given, as the paper), as (support rows sorted, scores). A step reads only the
     rows of P that carry mass (x^T P = (P^T x)^T), so its cost follows the mass, not the graph: the
     frontier is sparse, no array of the graph's size is made; the teleport term is added on the
     entries alone. With `min_mass`, the walk is the approximate PPR of push methods: a node spreads
     its mass only when its edges would carry more than `min_mass` each on average, and after each
     step nodes with `min_mass` or less are let go. A hub's mass spread over thousands of neighbours
     would otherwise carry the walk over much of a large graph for scores too small to rank."""
-    entries = np.unique(entries)
-    start = 1.0 / len(entries)
-    support, mass = entries, np.full(len(entries), start)
+    if start is None:
+        entries = np.unique(entries)
+        start = uniform_start(entries)
+    support, mass = entries, start.copy()
     for _ in range(iterations):
         spreads = mass > min_mass * (walk.indptr[support + 1] - walk.indptr[support])
         if variant == "paper":  # alpha p + (1 - alpha) P^T pi

@@ -26,7 +26,7 @@ from ..engines.base import Engine
 from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
 from ..workspace import Generation
-from . import QueryError, context
+from . import QueryError, context, rounds
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr
 from .prepare import (
@@ -263,58 +263,82 @@ class Retriever:
         exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector)
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
         result = Retrieval(question=question, query_entities=entities, timings=timings)
-        result.entry_points = {"exact": self.id_of(exact_rows), "vector": self.id_of(vector_rows)}
+        result.entry_points = {"exact": self.id_of(exact_rows), "vector": self.id_of(vector_rows), "bridge": []}
         if len(entries) == 0:
             result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
             return result
 
         t0 = time.perf_counter()
-        support, mass = self.walk(entries, params)
+        walk = self.walk_matrix(params.similarity_weight)
+        start = rounds.start_shares(walk, entries, exact_rows, params.exact_share)
+        support, mass = self.walk(entries, start, params)
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        rows, relevance = self.select(support, mass, entries, params, query_vector)  # rows ascending
-        if self.kernels is not None:
-            kept = self.kernels.fit_budget(rows[np.lexsort((rows, -relevance))], self.tokens, params.budget_tokens,
-                                           self.key_indptr, self.key_ids, self._scratch("keys", self.key_count, bool))
-        else:
-            kept = context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys)
+        rows, relevance = self.select(support, mass, entries, start, params, query_vector)  # rows ascending
+        result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
+        if params.second_round_chunks > 0 and len(rows):
+            t0 = time.perf_counter()
+            bridges = rounds.bridge_entities(walk, self.type_codes, self.doc_indptr, self.doc_codes, rows, relevance,
+                                             params.second_round_chunks, exact_rows)
+            if len(bridges):
+                entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
+                support, mass = self.walk(entries, start, params)
+                rows, relevance = self.select(support, mass, entries, start, params, query_vector)
+                result.entry_points["bridge"] = self.id_of(bridges)
+            result.timings["second_round_ms"] = (time.perf_counter() - t0) * 1000
+
+        t0 = time.perf_counter()
+        kept = self.fit_budget(rows, relevance, params)
         result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
         result.smallest_match_tokens = int(self.tokens[rows].min()) if len(rows) else 0
-        result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
+        result.timings["context_ms"] += (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
 
-    def walk(self, entries: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
-        """Shallow PPR from the entry points: (support rows sorted, mass); the paper's walk runs as a
-        kernel when compiled."""
+    def fit_budget(self, rows: np.ndarray, relevance: np.ndarray, params: SearchConfig) -> np.ndarray:
+        """The context's rows (`context.fit_budget`, or its kernel when compiled)."""
+        if self.kernels is None:
+            return context.fit_budget(rows, relevance, self.tokens, params.budget_tokens, keys=self.sentence_keys,
+                                      documents=(self.doc_indptr, self.doc_codes), diversity=params.document_diversity)
+        return self.kernels.fit_budget(rows, relevance, self.tokens, params.budget_tokens, self.key_indptr, self.key_ids,
+                                       self._scratch("keys", self.key_count, bool), self.doc_indptr, self.doc_codes,
+                                       self._scratch("documents", len(self.document_names), np.int64),
+                                       context.diversity_powers(params.document_diversity, len(rows)))
+
+    def walk(self, entries: np.ndarray, start: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
+        """Shallow PPR from `start` on the entry points (sorted, distinct): (support rows sorted,
+        mass); the paper's walk runs as a kernel when compiled."""
         walk = self.walk_matrix(params.similarity_weight)
         if self.kernels is None or params.ppr_variant != "paper":
             return shallow_ppr(walk, entries, params.ppr_alpha, params.ppr_iterations, params.ppr_variant,
-                               params.ppr_min_mass)
-        return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, np.unique(entries),
+                               params.ppr_min_mass, start)
+        return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, entries, start,
                                       params.ppr_alpha, params.ppr_iterations, self._scratch("walk", walk.n, np.float64),
                                       params.ppr_min_mass)
 
-    def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, params: SearchConfig,
-               query_vector: np.ndarray, similarities: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, start: np.ndarray,
+               params: SearchConfig, query_vector: np.ndarray, similarities: np.ndarray | None = None,
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
         each is ranked by in the context. Works on the walk's support only, never the whole graph.
 
         rank "ppr" (the paper): cross nodes are the top PPR scores per type, ranked by PPR.
         rank "walk_similarity": a node's walk mass is its PPR score less its own teleport share
-        (alpha/|entries| for an entry point, which would otherwise outrank every cross node);
-        every retrievable node the walk reached is scored by sqrt(walk) x similarity to the
-        question (its cosine, computed for the reached nodes, or taken from `similarities`, a full
-        scan of the S, A and H vectors, where given) and the quota best of each type are kept (the
-        same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
+        (alpha x its share of the start for an entry point, which would otherwise outrank every
+        cross node); every retrievable node the walk reached is scored by sqrt(walk) x similarity
+        to the question (its cosine, computed for the reached nodes, or taken from `similarities`,
+        a full scan of the S, A and H vectors, where given) and the quota best of each type are
+        kept (the same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
         embedded, take the mean similarity of the reached embedded nodes at half weight, on one
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes."""
         codes = self.type_codes[support]
+        where = np.minimum(np.searchsorted(support, entries), len(support) - 1)
+        present = support[where] == entries  # an entry point the walk let go of is no longer an entry
+        is_entry = np.zeros(len(support), dtype=bool)
+        is_entry[where[present]] = True
         if params.rank != "walk_similarity":
-            is_entry = np.zeros(len(support), dtype=bool)
-            is_entry[np.searchsorted(support, entries)] = True
             retrievable_entries = np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE))
             quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
             quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
@@ -336,17 +360,14 @@ class Retriever:
         similarity = np.zeros(len(support))
         similarity[embedded] = np.maximum(found, 0.0)
         relation_similarity = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
-        entries = np.unique(entries)
         if self.kernels is not None:
             quotas = np.array([params.cross_t, params.cross_s, params.cross_a, params.cross_h, params.cross_r], np.int64)
-            chosen, scores = self.kernels.select_walk(support, mass, entries, params.ppr_alpha, codes, similarity,
+            chosen, scores = self.kernels.select_walk(support, mass, entries, start, params.ppr_alpha, codes, similarity,
                                                       relation_similarity, self.leads_indptr, self.leads_indices,
                                                       quotas, params.cross_a, params.chunk_weight)
             return support[chosen], scores
-        is_entry = np.zeros(len(support), dtype=bool)
-        is_entry[np.searchsorted(support, entries)] = True
         walk = mass.copy()
-        walk[is_entry] = np.maximum(walk[is_entry] - params.ppr_alpha / len(entries), 0.0)
+        walk[where[present]] = np.maximum(walk[where[present]] - params.ppr_alpha * start[present], 0.0)
         top_entities = context.top_rows(walk, np.flatnonzero(~is_entry & (codes == TYPE_CODE["N"])), params.cross_a)
         led = self._led(support, codes, is_entry, top_entities)
         pool = np.flatnonzero(codes <= MAX_RETRIEVABLE_CODE)
