@@ -207,6 +207,19 @@ _NUMBER_UNIT = re.compile(
 )
 
 
+_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.IGNORECASE)
+_MONTH = re.compile(rf"(?:{MONTHS})", re.IGNORECASE)
+
+
+def is_value(name: str) -> bool:
+    """Whether a name is a value (a date, year, number or quantity: "1956", "4 May 1897", "180 people",
+    "30th", "December") rather than a thing that has passages of its own."""
+    text = name.strip().rstrip(".")
+    if not any(c.isalpha() for c in text):
+        return True
+    return any(p.fullmatch(text) for p in (_DATE, _NUMBER_UNIT, _ORDINAL, _MONTH))
+
+
 def _is_cap(word: str) -> bool:
     return word[:1].isupper() or (word[:1].isdigit() and any(c.isalpha() for c in word))
 

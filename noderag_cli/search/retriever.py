@@ -279,8 +279,8 @@ class Retriever:
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         if params.second_round_chunks > 0 and len(rows):
             t0 = time.perf_counter()
-            bridges = rounds.bridge_entities(walk, self.type_codes, self.doc_indptr, self.doc_codes, rows, relevance,
-                                             params.second_round_chunks, exact_rows)
+            bridges = rounds.bridge_entities(walk, self.type_codes, self.doc_indptr, self.doc_codes, self._text_column,
+                                             rows, relevance, params.second_round_chunks, exact_rows)
             if len(bridges):
                 entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
                 support, mass = self.walk(entries, start, params)

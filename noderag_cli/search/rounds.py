@@ -10,8 +10,8 @@ is the entity that passage names, and its own passages. So:
   named in three thousand (HippoRAG weighs its entities the same way). `None`: the same share on
   every entry point (the paper).
 - **A second round** (`search.second_round_chunks`): the entities named in the chunks of the
-  first round's best units (the passage the first hop found, not only its best sentence) become
-  entry points too, weighted by specificity and taking `search.second_round_share` of the start,
+  first round's best units (the passage the first hop found, not only its best sentence; values
+  such as dates and quantities left out) become entry points too, weighted by specificity and taking `search.second_round_share` of the start,
   and the walk runs again from the first round's start and them. The bridge entity's own units
   are then one step from an entry point, where the first round reached them three steps away,
   after the walk had spread over every name of the first passage.
@@ -24,8 +24,10 @@ counting its mentions. Everything here works on the few rows a question touches.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..graph import row_entries
+from ..nlp import is_value
 from .ppr import WalkMatrix, uniform_start
 from .prepare import TYPE_CODE
 
@@ -72,9 +74,12 @@ def _same_document(rows_a: np.ndarray, rows_b: np.ndarray, doc_indptr: np.ndarra
 
 
 def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray, doc_codes: np.ndarray,
-                    rows: np.ndarray, scores: np.ndarray, chunks: int, exclude: np.ndarray) -> np.ndarray:
+                    texts: pa.Array, rows: np.ndarray, scores: np.ndarray, chunks: int, exclude: np.ndarray) -> np.ndarray:
     """The entities (N rows, sorted) named by the units of the `chunks` chunks that the best units
-    among `rows` (by `scores`, ties by row) come from, less those in `exclude`."""
+    among `rows` (by `scores`, ties by row) come from, less those in `exclude` and those whose name
+    (in `texts`, by row) is a value, a date or a quantity (`nlp.is_value`): a year or a number is
+    rarely what a passage of its own is about, and as bridges they spread the walk over every
+    passage of the same year."""
     units = rows[codes[rows] == TYPE_CODE["S"]]
     if chunks <= 0 or not len(units):
         return np.zeros(0, np.int64)
@@ -91,7 +96,9 @@ def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray,
     members, owner = _neighbours_of_type(walk, codes, chosen, TYPE_CODE["S"])
     members = np.unique(members[_same_document(members, chosen[owner], doc_indptr, doc_codes)])
     entities, _ = _neighbours_of_type(walk, codes, members, TYPE_CODE["N"])
-    return np.setdiff1d(entities, exclude)
+    entities = np.setdiff1d(entities, exclude)
+    values = np.fromiter((is_value(name) for name in texts.take(pa.array(entities)).to_pylist()), bool, len(entities))
+    return entities[~values]
 
 
 def with_bridges(walk: WalkMatrix, entries: np.ndarray, start: np.ndarray, bridges: np.ndarray,
