@@ -26,6 +26,7 @@ from ..config import LLMConfig
 from ..embeddings import Embedder
 from ..files import json_digest
 from ..graph import normalize_name
+from . import extractive
 from .base import (
     Advance,
     AttributeInput,
@@ -229,22 +230,6 @@ class OfflineEngine:
         return list(dict.fromkeys(span[2] for span in nlp.find_entities(question)))
 
     def answer(self, question: str, context: str) -> str:
-        """Extractive: the context sentences closest to the question, each with its source, labelled as such."""
-        sentences, sources = [], []
-        for line in context.splitlines():
-            match = re.match(r"^\[[A-Z]\]\s*(.*?)(?:\s*\(from ([^()]*)\))?$", line)
-            body, source = (match.group(1), match.group(2) or "") if match else (line, "")
-            for sentence in nlp.split_sentences(body):
-                if len(sentence.split()) >= 3:
-                    sentences.append(sentence)
-                    sources.append(source)
-        if not sentences:
-            return "[offline extractive answer] The retrieved context holds nothing to answer from."
-        vectors = self.embedder.embed(sentences)
-        query = self.embedder.embed([question])[0]
-        stems = {t[:5] for t in nlp.terms(question)}
-        overlap = np.array([len(stems & {t[:5] for t in nlp.terms(s)}) for s in sentences], dtype=np.float32)
-        score = vectors @ query + 0.1 * overlap
-        top = sorted(dict.fromkeys(np.argsort(-score, kind="stable")[:3].tolist()))
-        picked = [f"{sentences[i]}" + (f" [{sources[i]}]" if sources[i] else "") for i in top]
-        return "[offline extractive answer] " + " ".join(picked)
+        """Extractive, labelled as such: the context sentences that complete the question's chain,
+        each with its documents (engines/extractive.py)."""
+        return extractive.answer(question, context, self.embedder.embed)
