@@ -43,7 +43,7 @@ _NODE = re.compile(r"^(?:\[\d+\] )?\[([A-Z])\]\s*(.*?)(?:\s*\(from ([^()]*)\))?$
 _SUBJECT = re.compile(r"^([^:.!?]{1,120}): ")
 _WORDS = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
-_ASKS = (  # what the wh-phrase asks for, first match wins
+_ASKS = (  # what a wh-phrase asks for; at the same place, the first pattern wins
     (re.compile(r"\b(?:when|what year|which year|what date|in what year)\b"), "date"),
     (re.compile(r"\bhow (?:many|much|long|old|far|tall|high|large|big)\b"), "number"),
     (re.compile(r"\b(?:who|whom|whose|where)\b"), "name"),
@@ -88,9 +88,12 @@ def sentences_of(context: str) -> list[tuple[str, str, str]]:
 
 
 def asks_for(question: str) -> str:
-    """"date", "number", "name" or "any": what the question's wh-phrase asks for."""
+    """"date", "number", "name" or "any": what the question's first wh-phrase asks for (a later one
+    belongs to a clause inside it: "how many ... when he died")."""
     folded = question.casefold()
-    return next((kind for pattern, kind in _ASKS if pattern.search(folded)), "any")
+    found = [(match.start(), order, kind) for order, (pattern, kind) in enumerate(_ASKS)
+             for match in [pattern.search(folded)] if match]
+    return min(found)[2] if found else "any"
 
 
 def _holds(kind: str, sentence: str, new_names: int) -> bool:

@@ -3,8 +3,13 @@
 No model, no key, no network. It aims at a graph worth searching:
 - semantic units are sentences (headings dropped, fragments joined to the sentence
   before), made self-contained by prefixing the document title when the sentence does
-  not name it ("Korven Institute: It was founded in 1902.");
-- entities are the names, titles, dates and quantities spotted by `nlp.find_entities`;
+  not name it ("Korven Institute: It was founded in 1902."); every unit names the title,
+  the title without its qualifier ("Hello Love" of "Hello Love (song)") and the name the
+  document's first sentence opens with, when that is another (what the document is about,
+  under the names other documents use);
+- entities are the names, titles, dates and quantities spotted by `nlp.find_entities`; a
+  one-word name that shortens one longer name of its chunk also names that one ("Snow",
+  "Hank Snow");
 - a relationship joins consecutive entities of a unit, the words between them being the relation;
 - attributes and high-level elements are extractive summaries: central, diverse
   sentences (maximal marginal relevance over the bundled embeddings), with tf-idf
@@ -96,11 +101,14 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
         spotted.append((text, spans))
     subject = nlp.base_title(title)
     full_name = _full_names([span[2] for _, spans in spotted for span in spans] + [subject])
-    full_name[title.casefold()] = subject  # a qualified title ("X (film)") also names its subject, X  # the title names what other documents call it by its base
+    full_name[title.casefold()] = subject  # a qualified title ("X (film)") also names its subject, X
+    opens = bool(title) and nlp.strip_markdown(first.strip()) == title  # the chunk that starts the document
+    lead = _lead_name(sentences[0], title) if opens and sentences else ""
     units = []
     for text, spans in spotted:
         names = [s[2] for s in spans if normalize_name(s[2])]
-        entities = tuple(dict.fromkeys(n for name in names for n in (name, full_name.get(name.casefold())) if n))
+        entities = tuple(dict.fromkeys([n for name in names for n in (name, full_name.get(name.casefold())) if n]
+                                       + ([lead] if lead else [])))
         relations = []
         for left, right in zip(spans, spans[1:], strict=False):
             between = text[left[1] : right[0]].strip(" ,;:()\"'\u201c\u201d-")
@@ -110,6 +118,20 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
                     relations.append((left[2], between, right[2]))
         units.append(Unit(text=text, entities=entities, relations=tuple(dict.fromkeys(relations))))
     return units
+
+
+def _lead_name(sentence: str, title: str) -> str:
+    """The name a document's first sentence opens with, when it is not the title: what the document
+    is about under the name other documents use ("Josiah Penrake (1821-1896) and Amos Penrake were
+    shipbuilders" under the title "Penrake brothers"). Every unit of the chunk names it, as every
+    unit names the title. "" when the sentence opens otherwise, or with a date or a quantity."""
+    spans = nlp.find_entities(sentence)
+    if not spans or re.sub(r"^(?:the|a|an)\s+", "", sentence[: spans[0][0]].strip(), flags=re.IGNORECASE):
+        return ""
+    name = spans[0][2]
+    if nlp.is_value(name) or normalize_name(name) in {normalize_name(title), normalize_name(nlp.base_title(title))}:
+        return ""
+    return name
 
 
 def _full_names(names: list[str]) -> dict[str, str]:

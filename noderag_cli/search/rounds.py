@@ -33,6 +33,8 @@ from .prepare import TYPE_CODE
 
 MAX_BRIDGE_UNITS = 50
 """Best first-round units looked at for the chunks they come from."""
+CROWDED = 256
+"""Edges from which an entity is taken to be named outside the first passage without looking."""
 
 
 def specificity(walk: WalkMatrix, rows: np.ndarray) -> np.ndarray:
@@ -76,10 +78,10 @@ def _same_document(rows_a: np.ndarray, rows_b: np.ndarray, doc_indptr: np.ndarra
 def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray, doc_codes: np.ndarray,
                     texts: pa.Array, rows: np.ndarray, scores: np.ndarray, chunks: int, exclude: np.ndarray) -> np.ndarray:
     """The entities (N rows, sorted) named by the units of the `chunks` chunks that the best units
-    among `rows` (by `scores`, ties by row) come from, less those in `exclude` and those whose name
-    (in `texts`, by row) is a value, a date or a quantity (`nlp.is_value`): a year or a number is
-    rarely what a passage of its own is about, and as bridges they spread the walk over every
-    passage of the same year."""
+    among `rows` (by `scores`, ties by row) come from, less those in `exclude`, those no other unit
+    names (they lead nowhere new) and those whose name (in `texts`, by row) is a value, a date or a
+    quantity (`nlp.is_value`): a year or a number is rarely what a passage of its own is about, and
+    as bridges they spread the walk over every passage of the same year."""
     units = rows[codes[rows] == TYPE_CODE["S"]]
     if chunks <= 0 or not len(units):
         return np.zeros(0, np.int64)
@@ -97,8 +99,22 @@ def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray,
     members = np.unique(members[_same_document(members, chosen[owner], doc_indptr, doc_codes)])
     entities, _ = _neighbours_of_type(walk, codes, members, TYPE_CODE["N"])
     entities = np.setdiff1d(entities, exclude)
+    entities = entities[_named_elsewhere(walk, codes, entities, members)]
     values = np.fromiter((is_value(name) for name in texts.take(pa.array(entities)).to_pylist()), bool, len(entities))
     return entities[~values]
+
+
+def _named_elsewhere(walk: WalkMatrix, codes: np.ndarray, entities: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Per entity (sorted), whether a unit outside `members` (sorted) names it: one that only the
+    first passage names leads nowhere new. An entity with more than `CROWDED` edges surely does,
+    and its edges are not gathered."""
+    degree = walk.indptr[entities + 1] - walk.indptr[entities]
+    rare = degree <= CROWDED
+    units, owner = _neighbours_of_type(walk, codes, entities[rare], TYPE_CODE["S"])
+    outside = np.bincount(owner[~np.isin(units, members, assume_unique=False)], minlength=int(rare.sum())) > 0
+    elsewhere = ~rare
+    elsewhere[rare] = outside
+    return elsewhere
 
 
 def with_bridges(walk: WalkMatrix, entries: np.ndarray, start: np.ndarray, bridges: np.ndarray,
