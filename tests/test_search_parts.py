@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from noderag_cli.search.context import diversity_powers, fit_budget, sentence_key_ids, sentence_keys, top_per_group
+from noderag_cli.search.context import (
+    diversity_powers,
+    fit_budget,
+    sentence_key_ids,
+    sentence_keys,
+    top_per_group,
+)
 from noderag_cli.search.entry import NameIndex
 from noderag_cli.search.ppr import WalkMatrix, shallow_ppr, uniform_start
 
