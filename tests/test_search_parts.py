@@ -155,6 +155,40 @@ def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
         assert not scratch.any()  # handed back cleared
 
 
+def test_the_bridge_kernel_equals_bridge_candidates():
+    """The second round's candidates, compiled and numpy, on random typed graphs whose nodes have no,
+    one or several documents (similarity-like edges join chunks and units of other documents)."""
+    from noderag_cli.search import kernels, rounds
+    from noderag_cli.search.prepare import TYPE_CODE
+
+    rng = np.random.default_rng(21)
+    checked = 0
+    for _ in range(150):
+        n = int(rng.integers(5, 300))
+        walk = WalkMatrix.from_adjacency(_random_graph(rng, n, float(rng.uniform(0.005, 0.1)), True))
+        codes = rng.choice([TYPE_CODE[t] for t in "TSSSNNR"], n).astype(np.int8)
+        sources = [np.sort(rng.choice(8, int(rng.integers(0, 3)), replace=False)) for _ in range(n)]
+        doc_indptr = np.r_[0, np.cumsum([len(d) for d in sources])].astype(np.int32)
+        doc_codes = np.concatenate(sources).astype(np.int32)
+        units = np.flatnonzero(codes == TYPE_CODE["S"])
+        best = rng.permutation(units)[: int(rng.integers(0, 12))].astype(np.int64)
+        exclude = np.unique(rng.choice(n, int(rng.integers(0, 4)))).astype(np.int64)
+        chunks = int(rng.integers(0, 4))
+        crowded = int(rng.choice([2, 256]))
+        rounds_crowded, rounds.CROWDED = rounds.CROWDED, crowded
+        try:
+            expected = rounds.bridge_candidates(walk, codes, doc_indptr, doc_codes, best, chunks, exclude)
+        finally:
+            rounds.CROWDED = rounds_crowded
+        marks = np.zeros(n, np.int8)
+        got = kernels.bridge_candidates(walk.indptr, walk.indices, codes, doc_indptr, doc_codes, best, chunks, exclude,
+                                        crowded, marks)
+        assert got.tolist() == expected.tolist()
+        assert not marks.any()
+        checked += len(expected) > 0
+    assert checked > 20  # most trials found candidates: the comparison was not of empty lists
+
+
 def test_the_budget_kernel_equals_fit_budget():
     """Plain and with the document diversity factor, with nodes of no, one and several documents."""
     from noderag_cli.search import kernels

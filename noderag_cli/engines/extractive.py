@@ -9,7 +9,8 @@ holds the kind of thing asked for. Each context sentence is scored by:
 - its cosine to the question (the bundled embeddings);
 - the question's words it holds, each weighted by how rare it is among the context's sentences;
 - the chain: the question's entities are level 0, the other entities of a sentence that names a
-  level-k entity are level k + 1; a sentence scores by the deepest level it names (capped);
+  level-k entity are level k + 1; a sentence scores by the deepest level it names (capped). Dates
+  and quantities are values, not links: two films of 1999 are not a chain;
 - the best word cover among the other sentences it shares a non-question entity with (its link
   to the rest of the chain);
 - whether it holds what the question's wh-word asks for (a date for "when", a number for "how
@@ -97,6 +98,7 @@ def asks_for(question: str) -> str:
 
 
 def _holds(kind: str, sentence: str, new_names: int) -> bool:
+    """Whether a sentence holds what the question asks for (a name: one the question does not give)."""
     if kind == "date":
         return bool(nlp._DATE.search(sentence))
     if kind == "number":
@@ -135,9 +137,9 @@ def answer(question: str, context: str, embed) -> str:
     frequency = Counter(stem for each in stems for stem in each)
     rarity = {stem: math.log((len(texts) + 1) / (count + 0.5)) for stem, count in frequency.items()}
     words = np.array([sum(rarity[s] for s in each & question_stems) for each in stems])
-    names = []
+    names = []  # per sentence, the things it names; values (dates, quantities) link nothing
     for sentence, _, subject in found:
-        spotted = {_key(span[2]) for span in nlp.find_entities(sentence)}
+        spotted = {_key(span[2]) for span in nlp.find_entities(sentence) if not nlp.is_value(span[2])}
         if subject:
             spotted |= {_key(subject), _key(nlp.base_title(subject))}
         names.append({name for name in spotted if name})

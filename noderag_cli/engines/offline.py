@@ -196,7 +196,8 @@ class OfflineEngine:
             if not texts:
                 return Failure("entity has no connected text")
             chosen = _mmr(self.embedder.embed(texts), ATTRIBUTE_SENTENCES)
-            return f"{entity}: " + " ".join(texts[i] for i in sorted(chosen))
+            prefix = f"{entity}: "
+            return prefix + " ".join(texts[i].removeprefix(prefix) for i in sorted(chosen))
 
         results = self._through_cache("attributes", [[item.entity, list(item.texts)] for item in items], summary,
                                       lambda payload: payload[1])

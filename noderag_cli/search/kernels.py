@@ -252,6 +252,87 @@ def fit_budget(rows, priority, tokens, budget, key_indptr, key_ids, shown, doc_i
     return kept[:count]
 
 
+@numba.njit(cache=True)
+def bridge_candidates(indptr, indices, codes, doc_indptr, doc_codes, best, chunks, exclude, crowded, marks):
+    """`rounds.bridge_candidates`: the entities (sorted) named by the units of the first `chunks`
+    chunks (same document) that the `best` units come from (in rank order, a unit's chunks by
+    row), less `exclude` (sorted) and those no unit outside those chunks names (checked for
+    entities of at most `crowded` edges). `marks` (int8, one per node) comes in and is left cleared."""
+    chosen = np.empty(max(chunks, 1), np.int64)
+    count = 0
+    for u in best:
+        if count == chunks:
+            break
+        own = np.empty(indptr[u + 1] - indptr[u], np.int64)
+        size = 0
+        for j in range(indptr[u], indptr[u + 1]):
+            c = indices[j]
+            if codes[c] == CHUNK and _same_first_document(c, u, doc_indptr, doc_codes):
+                own[size] = c
+                size += 1
+        for c in np.sort(own[:size]):
+            seen = False
+            for k in range(count):
+                seen = seen or chosen[k] == c
+            if not seen and count < chunks:
+                chosen[count] = c
+                count += 1
+    room = 0
+    for k in range(count):
+        room += indptr[chosen[k] + 1] - indptr[chosen[k]]
+    members = np.empty(room, np.int64)
+    size = 0
+    for k in range(count):
+        c = chosen[k]
+        for j in range(indptr[c], indptr[c + 1]):
+            m = indices[j]
+            if codes[m] == UNIT and marks[m] == 0 and _same_first_document(m, c, doc_indptr, doc_codes):
+                marks[m] = 1
+                members[size] = m
+                size += 1
+    members = members[:size]
+    room = 0
+    for m in members:
+        room += indptr[m + 1] - indptr[m]
+    found = np.empty(room, np.int64)
+    size = 0
+    for m in members:
+        for j in range(indptr[m], indptr[m + 1]):
+            e = indices[j]
+            if codes[e] == ENTITY and marks[e] == 0:
+                marks[e] = 2
+                found[size] = e
+                size += 1
+    found = found[:size]
+    kept = np.empty(len(found), np.int64)
+    n = 0
+    for e in np.sort(found):
+        marks[e] = 0
+        at = np.searchsorted(exclude, e)
+        if at < len(exclude) and exclude[at] == e:
+            continue
+        elsewhere = indptr[e + 1] - indptr[e] > crowded
+        for j in range(indptr[e], indptr[e + 1]):
+            if elsewhere:
+                break
+            other = indices[j]
+            elsewhere = codes[other] == UNIT and marks[other] != 1
+        if elsewhere:
+            kept[n] = e
+            n += 1
+    for m in members:
+        marks[m] = 0
+    return kept[:n]
+
+
+@numba.njit(inline="always")
+def _same_first_document(a, b, doc_indptr, doc_codes):
+    """Whether two nodes' first documents agree (`rounds._same_document`)."""
+    if doc_indptr[a + 1] <= doc_indptr[a] or doc_indptr[b + 1] <= doc_indptr[b]:
+        return False
+    return doc_codes[doc_indptr[a]] == doc_codes[doc_indptr[b]]
+
+
 HALF_TO_SINGLE = np.float32(2.0**112)
 """A half's magnitude bits moved into a float32's place (13 bits left) read as 2^112 times the
 half's value, normal or subnormal: one exact multiplication restores it."""
@@ -298,3 +379,6 @@ def warm_up() -> None:
                np.array([0], np.int32), np.zeros(1, np.bool_), np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32),
                np.zeros(1, np.int64), np.ones(3))
     widen_half(np.zeros((2, 4), np.uint16), np.array([1], np.int64), np.zeros((1, 4), np.float32))
+    bridge_candidates(indptr, indices, np.array([UNIT, ENTITY], np.int8), np.array([0, 1, 2], np.int32),
+                      np.array([0, 0], np.int32), np.array([0], np.int64), 2, np.zeros(0, np.int64), 256,
+                      np.zeros(2, np.int8))

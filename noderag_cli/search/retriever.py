@@ -135,6 +135,7 @@ class Retriever:
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
         self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
+        self._value_names: dict[int, bool] = {}  # per entity row: its name is a date or a quantity
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
         self.kernels = None
         if loading is not None:
@@ -279,8 +280,8 @@ class Retriever:
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         if params.second_round_chunks > 0 and len(rows):
             t0 = time.perf_counter()
-            bridges = rounds.bridge_entities(walk, self.type_codes, self.doc_indptr, self.doc_codes, self._text_column,
-                                             rows, relevance, params.second_round_chunks, exact_rows)
+            bridges = rounds.without_values(self.bridge_candidates(walk, rows, relevance, exact_rows, params),
+                                            self._text_column, self._value_names)
             if len(bridges):
                 entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
                 support, mass = self.walk(entries, start, params)
@@ -295,6 +296,19 @@ class Retriever:
         result.timings["context_ms"] += (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
+
+    def bridge_candidates(self, walk: WalkMatrix, rows: np.ndarray, relevance: np.ndarray, exact_rows: np.ndarray,
+                          params: SearchConfig) -> np.ndarray:
+        """The entities the second round may start from (`rounds.bridge_candidates`, or its kernel
+        when compiled)."""
+        best = rounds.best_units(self.type_codes, rows, relevance)
+        exclude = np.unique(exact_rows).astype(np.int64)
+        if self.kernels is None:
+            return rounds.bridge_candidates(walk, self.type_codes, self.doc_indptr, self.doc_codes, best,
+                                            params.second_round_chunks, exclude)
+        return self.kernels.bridge_candidates(walk.indptr, walk.indices, self.type_codes, self.doc_indptr, self.doc_codes,
+                                              best, params.second_round_chunks, exclude, rounds.CROWDED,
+                                              self._scratch("marks", walk.n, np.int8))
 
     def fit_budget(self, rows: np.ndarray, relevance: np.ndarray, params: SearchConfig) -> np.ndarray:
         """The context's rows (`context.fit_budget`, or its kernel when compiled)."""
@@ -334,10 +348,11 @@ class Retriever:
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes."""
         codes = self.type_codes[support]
-        where = np.minimum(np.searchsorted(support, entries), len(support) - 1)
-        present = support[where] == entries  # an entry point the walk let go of is no longer an entry
-        is_entry = np.zeros(len(support), dtype=bool)
-        is_entry[where[present]] = True
+        if self.kernels is None or params.rank != "walk_similarity":
+            where = np.minimum(np.searchsorted(support, entries), len(support) - 1)
+            present = support[where] == entries  # an entry point the walk let go of is no longer an entry
+            is_entry = np.zeros(len(support), dtype=bool)
+            is_entry[where[present]] = True
         if params.rank != "walk_similarity":
             retrievable_entries = np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE))
             quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}

@@ -70,23 +70,29 @@ def _same_document(rows_a: np.ndarray, rows_b: np.ndarray, doc_indptr: np.ndarra
     """Per pair, whether the first documents of the two rows agree: a chunk and a unit joined by a
     structural edge always do; a similarity edge (walked when `search.similarity_weight` > 0) may
     join a unit to another document's chunk, which is not where the unit came from."""
-    first_a = np.where(doc_indptr[rows_a + 1] > doc_indptr[rows_a], doc_codes[doc_indptr[rows_a]], -1)
-    first_b = np.where(doc_indptr[rows_b + 1] > doc_indptr[rows_b], doc_codes[doc_indptr[rows_b]], -2)
+    last = max(len(doc_codes) - 1, 0)
+    codes = doc_codes if len(doc_codes) else np.zeros(1, np.int32)
+    first_a = np.where(doc_indptr[rows_a + 1] > doc_indptr[rows_a], codes[np.minimum(doc_indptr[rows_a], last)], -1)
+    first_b = np.where(doc_indptr[rows_b + 1] > doc_indptr[rows_b], codes[np.minimum(doc_indptr[rows_b], last)], -2)
     return first_a == first_b
 
 
-def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray, doc_codes: np.ndarray,
-                    texts: pa.Array, rows: np.ndarray, scores: np.ndarray, chunks: int, exclude: np.ndarray) -> np.ndarray:
-    """The entities (N rows, sorted) named by the units of the `chunks` chunks that the best units
-    among `rows` (by `scores`, ties by row) come from, less those in `exclude`, those no other unit
-    names (they lead nowhere new) and those whose name (in `texts`, by row) is a value, a date or a
-    quantity (`nlp.is_value`): a year or a number is rarely what a passage of its own is about, and
-    as bridges they spread the walk over every passage of the same year."""
-    units = rows[codes[rows] == TYPE_CODE["S"]]
-    if chunks <= 0 or not len(units):
+def best_units(codes: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The first round's best units (S rows of `rows`, by `scores`, ties by row), at most
+    `MAX_BRIDGE_UNITS`: where the second round looks for the chunks the first hop found."""
+    is_unit = codes[rows] == TYPE_CODE["S"]
+    units = rows[is_unit]
+    return units[np.lexsort((units, -scores[is_unit]))[:MAX_BRIDGE_UNITS]].astype(np.int64)
+
+
+def bridge_candidates(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray, doc_codes: np.ndarray,
+                      best: np.ndarray, chunks: int, exclude: np.ndarray) -> np.ndarray:
+    """The entities (N rows, sorted) named by the units of the first `chunks` chunks that the `best`
+    units (in rank order) come from, less those in `exclude` (sorted) and those no unit outside
+    those chunks names: they lead nowhere new. An entity with more than `CROWDED` edges surely is
+    named elsewhere, and its edges are not gathered. (`kernels.bridge_candidates` gives the same.)"""
+    if chunks <= 0 or not len(best):
         return np.zeros(0, np.int64)
-    unit_scores = scores[codes[rows] == TYPE_CODE["S"]]
-    best = units[np.lexsort((units, -unit_scores))[:MAX_BRIDGE_UNITS]]
     chunk_rows, owner = _neighbours_of_type(walk, codes, best, TYPE_CODE["T"])
     own = _same_document(chunk_rows, best[owner], doc_indptr, doc_codes)
     chunk_rows, owner = chunk_rows[own], owner[own]
@@ -99,22 +105,24 @@ def bridge_entities(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarray,
     members = np.unique(members[_same_document(members, chosen[owner], doc_indptr, doc_codes)])
     entities, _ = _neighbours_of_type(walk, codes, members, TYPE_CODE["N"])
     entities = np.setdiff1d(entities, exclude)
-    entities = entities[_named_elsewhere(walk, codes, entities, members)]
-    values = np.fromiter((is_value(name) for name in texts.take(pa.array(entities)).to_pylist()), bool, len(entities))
-    return entities[~values]
-
-
-def _named_elsewhere(walk: WalkMatrix, codes: np.ndarray, entities: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Per entity (sorted), whether a unit outside `members` (sorted) names it: one that only the
-    first passage names leads nowhere new. An entity with more than `CROWDED` edges surely does,
-    and its edges are not gathered."""
     degree = walk.indptr[entities + 1] - walk.indptr[entities]
     rare = degree <= CROWDED
     units, owner = _neighbours_of_type(walk, codes, entities[rare], TYPE_CODE["S"])
-    outside = np.bincount(owner[~np.isin(units, members, assume_unique=False)], minlength=int(rare.sum())) > 0
     elsewhere = ~rare
-    elsewhere[rare] = outside
-    return elsewhere
+    elsewhere[rare] = np.bincount(owner[~np.isin(units, members)], minlength=int(rare.sum())) > 0
+    return entities[elsewhere]
+
+
+def without_values(entities: np.ndarray, texts: pa.Array, known: dict[int, bool]) -> np.ndarray:
+    """The entities whose name (in `texts`, by row) is not a value, a date or a quantity
+    (`nlp.is_value`): a year or a number is rarely what a passage of its own is about, and as
+    bridges they spread the walk over every passage of the same year. `known` keeps each row's
+    verdict for the session (names do not change within a build)."""
+    missing = [row for row in entities.tolist() if row not in known]
+    if missing:
+        names = texts.take(pa.array(missing, pa.int64())).to_pylist()
+        known.update(zip(missing, map(is_value, names), strict=True))
+    return entities[~np.fromiter((known[row] for row in entities.tolist()), bool, len(entities))]
 
 
 def with_bridges(walk: WalkMatrix, entries: np.ndarray, start: np.ndarray, bridges: np.ndarray,
