@@ -251,7 +251,8 @@ def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
     assert plain.retriever.kernels is None and session.retriever.kernels is not None
     base = session.retriever.config.search
     settings = [{}, {"budget_tokens": 300}, {"similarity_weight": 1.0}, {"ppr_iterations": 1}, {"cross_s": 3, "cross_r": 0},
-                {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}]
+                {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}, {"second_round_chunks": 0},
+                {"second_round_chunks": 3, "budget_tokens": 500}, {"exact_share": None}, {"document_diversity": 1.0}]
     for update in settings:
         params = base.model_copy(update=update)
         for item in QUESTIONS:

@@ -17,8 +17,9 @@ holds the kind of thing asked for. Each context sentence is scored by:
   many", a name not in the question for "who", "where", "which ...").
 
 The best sentences up to `MAX_WORDS` words (at least one) are the answer, best first, each with
-its documents. When no sentence holds a question entity or two of its words, the answer says the
-context holds nothing on it, instead of printing sentences that do not answer.
+its documents. When the context never names what the question names (or, for a question that names
+nothing, no sentence holds two of its words), the answer says it was not found, instead of printing
+sentences that do not answer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from .. import nlp
 
 LABEL = "[offline extractive answer]"
-NOT_FOUND = f"{LABEL} Not found in the context: no passage it holds is about what the question asks."
+NOT_FOUND = f"{LABEL} Not found in the context: it holds nothing on what the question asks."
 MAX_SENTENCES = 3
 MAX_WORDS = 60
 MAX_LEVEL = 4
@@ -125,12 +126,23 @@ def _levels(question: str, names: list[set[str]]) -> np.ndarray:
     return np.array([max((level.get(name, 0) for name in found), default=0) for found in names], float)
 
 
+def _about_the_question(question: str, texts: list[str], stems: list[set[str]], question_stems: set[str]) -> bool:
+    """Whether the context is about what the question asks: it names one of the things the question
+    names (a question about Paris is not answered from passages that never name Paris), or, for a
+    question that names none, a sentence holds two of its words."""
+    named = [_key(span[2]) for span in nlp.find_entities(question) if not nlp.is_value(span[2])]
+    if named:
+        words = f" {' '.join(_key(text) for text in texts)} "
+        return any(f" {name} " in words for name in named if name)
+    return max(len(each & question_stems) for each in stems) >= 2
+
+
 def answer(question: str, context: str, embed) -> str:
     """The extractive answer to `question` from `context` (as `Retrieval.context_text` writes it);
     `embed(texts)` gives unit vectors."""
     found = sentences_of(context)
     if not found:
-        return f"{LABEL} The retrieved context holds nothing to answer from."
+        return NOT_FOUND
     texts = [sentence for sentence, _, _ in found]
     question_stems = _stems(question)
     stems = [_stems(text) for text in texts]
@@ -146,7 +158,7 @@ def answer(question: str, context: str, embed) -> str:
     levels = _levels(question, names)
     question_words = set(_WORDS.findall(question.casefold()))
     given = {name for name in set().union(*names) if set(name.split()) <= question_words}
-    if not any(each & given for each in names) and max(len(each & question_stems) for each in stems) < 2:
+    if not _about_the_question(question, texts, stems, question_stems):
         return NOT_FOUND
     link = np.zeros(len(texts))
     for i, own in enumerate(names):
