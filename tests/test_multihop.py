@@ -5,7 +5,6 @@ offline answer on the sample corpus; and the search over an LLM-built graph (fau
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
