@@ -4,8 +4,9 @@
 
 Sections: indexing (time per stage, peak memory, resume, determinism, incremental; and an
 update's LLM calls with an LLM engine),
-retrieval quality and latency against plain vector search at equal budgets, the
-ablation table, and the LLM engine's limiter and overhead. Reads the question sets from
+retrieval quality and latency against plain vector search at equal budgets, each hop of
+multi-hop questions and the offline answer (bench_hops), the ablation table, and the LLM
+engine's limiter and overhead. Reads the question sets from
 `../shared/eval` and skips a section cleanly when they are absent. Latencies are medians
 over several rounds, with ratios against the baseline measured in the same run.
 """
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(retrieval_section(args.data, args.work, rounds))
     else:
         sections.append(["## Retrieval", "", f"skipped: {args.data} not found"])
+    sections.append(_module_section("bench.bench_hops", [*data_args, "--work", str(args.work), "--sensitivity",
+                                                         "--rounds", str(rounds)], "Multi-hop retrieval", 1800))
     sections.append(ablation_section(args.data, args.work))
     sections.append(_module_section("bench.bench_llm", quick, "LLM engine", 1800))
     scale = ROOT / "docs" / "benchmarks-scale.md"  # `make bench-scale` (half an hour), run on its own
