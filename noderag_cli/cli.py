@@ -599,7 +599,8 @@ def ablate(
 
     \b
     Strategies: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, graph-vector,
-      no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank
+      no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, uniform-start, one-round,
+      no-diversity
     Baselines: naive, hyde, lightrag-local, lightrag-global, lightrag-hybrid,
       graphrag-local, graphrag-global, hipporag
     Seed systems: archrag, archrag-single-layer, archrag-leiden,
