@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import sqlite3
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,14 +51,25 @@ if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` 
     from .search.retriever import Retriever
 
 
-def workspace_config(ws: Workspace, config_path: Path | None = None, follow_symlinks: bool | None = None) -> Config:
+@dataclass(frozen=True)
+class Reading:
+    """What to read of the input folder, as `index`'s flags say it (None: as the config says); kept
+    in the workspace's config, so the next run reads the same."""
+
+    follow_symlinks: bool | None = None
+    include: list[str] | None = None
+    exclude: list[str] | None = None
+
+
+def workspace_config(ws: Workspace, config_path: Path | None = None, reading: Reading | None = None) -> Config:
     """The config an `index` run uses: the file given, else the workspace's own snapshot, else
-    defaults; `follow_symlinks` (the CLI's flag), where given, over its `chunk.follow_symlinks`."""
+    defaults; `reading` (the CLI's flags), where given, over its `chunk` settings."""
     if config_path is None and ws.config_path.is_file():
         config_path = ws.config_path
     config = load_config(config_path)
-    if follow_symlinks is not None:
-        config = config.model_copy(update={"chunk": changed(config.chunk, follow_symlinks=follow_symlinks)})
+    changes = {k: v for k, v in vars(reading or Reading()).items() if v is not None}
+    if changes:
+        config = config.model_copy(update={"chunk": changed(config.chunk, **changes)})
     return config
 
 
@@ -77,10 +90,10 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
-    reporter: Reporter | None = None, stop_after: str | None = None, follow_symlinks: bool | None = None,
+    reporter: Reporter | None = None, stop_after: str | None = None, reading: Reading | None = None,
 ) -> IndexResult:
-    """Index (or update) WORKSPACE from every .txt/.md file under input_folder. `follow_symlinks`,
-    where given, over the config's `chunk.follow_symlinks` (and kept in its snapshot).
+    """Index (or update) WORKSPACE from every document under input_folder. `reading`, where given,
+    over the config's `chunk` settings of what to read (and kept in its snapshot).
 
     Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
     other embedding model, cannot be written); nothing is created before the input is checked.
@@ -88,7 +101,7 @@ def index(
     ws = Workspace(Path(workspace))
     ws.check_usable()
     check_input_folder(Path(input_folder))
-    config = config or workspace_config(ws, config_path, follow_symlinks)
+    config = config or workspace_config(ws, config_path, reading)
     with ws.lock():
         problem = cache_damage(ws.cache_path)
         if problem:
@@ -358,24 +371,23 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
-         follow_symlinks: bool | None = None) -> dict:
+         reading: Reading | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
     pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
     and cost."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
-    config = workspace_config(ws, config_path, follow_symlinks)
-    files = scan(Path(input_folder), config.chunk.extensions, config.chunk.max_file_bytes,
-                 follow_symlinks=config.chunk.follow_symlinks)
+    config = workspace_config(ws, config_path, reading)
+    files = scan(Path(input_folder), config.chunk)
     readable = [f for f in files if not f.reason]
     changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
     counts = {k: len(v) for k, v in changes.items()} | {"skipped": len(files) - len(readable)}
     touched = set(changes["new"]) | set(changes["changed"]) | {p.split(" -> ")[1] for p in changes["renamed"]}
     fresh = [f for f in readable if f.path in touched]
     cache = ws.read_only_cache()
-    pieces = document_chunks(fresh, config.chunk.chunk_tokens, config.chunk.overlap_tokens)
-    new_chunks = [(chunk, title, text) for title, chunks in pieces for text, _, chunk in chunks]
+    pieces = document_chunks(fresh, config.chunk, cache=ws.read_only_cache())
+    new_chunks = [(c[2], entry.title, c[0]) for entry in pieces for c in entry.chunks]
     to_decompose = len(new_chunks) - len(_decomposed(ws, cache, config, new_chunks))
     manifest = ws.read_manifest() if ws.exists() else {"stages": {}}
     engine_identity = identity(config.llm)
@@ -389,7 +401,10 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
         stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
               "changes": {k: v for k, v in changes.items() if k != "unchanged"},
-              "skipped": [{"path": f.path, "reason": f.reason} for f in files if f.reason],
+              "formats": dict(sorted(Counter(f.reader for f in readable).items())), "left_out": files.left_out,
+              "skipped": [{"path": f.path, "reason": f.reason} for f in files if f.reason] +
+                         [{"path": f.path, "reason": entry.failure} for f, entry in zip(fresh, pieces, strict=True)
+                          if entry.failure],
               "chunks": {"in_changed_documents": len(new_chunks), "to_decompose": to_decompose},
               "stages": stages}
     if config.llm.engine != "offline":

@@ -233,7 +233,8 @@ def _bars():
 def index(
     workspace: Annotated[Path, typer.Argument(help="workspace folder (created if missing)", readable=False,
                                               metavar="WORKSPACE", show_default=False)],
-    input: Annotated[Path, typer.Option("--input", "-i", help="folder of .txt/.md documents, read recursively",
+    input: Annotated[Path, typer.Option("--input", "-i", help="folder of documents (text, Markdown, PDF, Word, "
+                                        "PowerPoint, Excel, HTML, EPUB), read recursively",
                                         readable=False, metavar="FOLDER", show_default=False)],
     config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE",
                                                 help="YAML config; default: the workspace's own")] = None,
@@ -241,15 +242,24 @@ def index(
         "--follow-symlinks/--no-follow-symlinks", show_default=False,
         help="read files whose links lead out of FOLDER, or not (skipped with a warning); kept in the "
              "workspace's config [default: not]")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would do and cost, change nothing")] = False,
+    include: Annotated[list[str] | None, typer.Option(
+        "--include", metavar="GLOB", show_default=False,
+        help="read only files matching a pattern (repeatable; a pattern with / matches the path in FOLDER, one "
+             "without the file name); kept in the workspace's config")] = None,
+    exclude: Annotated[list[str] | None, typer.Option(
+        "--exclude", metavar="GLOB", show_default=False,
+        help="do not read files matching a pattern (repeatable); kept in the workspace's config")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would read, do and cost, change "
+                                                            "nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
-    """Index every .txt and .md file under FOLDER into WORKSPACE; resumes and updates incrementally."""
+    """Index every document under FOLDER into WORKSPACE; resumes and updates incrementally."""
     from . import api
 
     _json_mode(as_json)
+    reading = api.Reading(follow_symlinks, include, exclude)
     if dry_run:
-        plan = _run(lambda: api.plan(workspace, input, config_path=config, follow_symlinks=follow_symlinks))
+        plan = _run(lambda: api.plan(workspace, input, config_path=config, reading=reading))
         if as_json:
             _print_json(plan)
         else:
@@ -257,8 +267,7 @@ def index(
         return
     with _bars() as bars:
         reporter = RichReporter(bars) if bars is not None else LineReporter()
-        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter,
-                                        follow_symlinks=follow_symlinks))
+        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter, reading=reading))
     if as_json:
         _print_json({"workspace": str(workspace), **result.as_dict()})
     else:
@@ -293,8 +302,13 @@ def _print_plan(plan: dict) -> None:
         if paths:
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             out.print(f"  {kind}: {shown}")
+    formats = plan["formats"]
+    out.print("files to read: " + (", ".join(f"{n} {kind}" for kind, n in formats.items()) or "none")
+              + (f"; {plan['left_out']} left out by --include/--exclude" if plan["left_out"] else ""))
     for item in plan["skipped"][:10]:
         out.print(f"  unreadable: {item['path']}: {item['reason']}")
+    if len(plan["skipped"]) > 10:
+        out.print(f"  and {len(plan['skipped']) - 10} more unreadable")
     chunks = plan["chunks"]
     out.print(f"chunks of new or changed documents: {chunks['in_changed_documents']}, "
               f"{chunks['to_decompose']} not decomposed yet")

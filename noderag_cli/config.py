@@ -22,8 +22,19 @@ class _Section(BaseModel):
 class ChunkConfig(_Section):
     chunk_tokens: int = Field(1024, ge=16, description="token bound of a text chunk")
     overlap_tokens: int = Field(0, ge=0)
-    extensions: list[str] = [".txt", ".md"]
-    max_file_bytes: int = Field(20_000_000, ge=1, description="larger files are skipped with a warning")
+    extensions: list[str] = Field(
+        [".txt", ".md", ".markdown", ".rst", ".pdf", ".docx", ".pptx", ".xlsx", ".xlsm", ".html", ".htm", ".xhtml",
+         ".epub"], description="the files read (noderag_cli/readers: a format and its reader per suffix)")
+    include: list[str] = Field([], description="glob patterns: only files matching one are read (none: every file); "
+                               "a pattern with a / matches the path in the folder, one without the file name")
+    exclude: list[str] = Field([], description="glob patterns: files matching one are not read")
+    max_file_bytes: int = Field(20_000_000, ge=1, description="larger text files are skipped with a warning")
+    max_document_mb: int = Field(512, ge=1, description="larger PDF, Office, HTML or EPUB files are skipped with a warning")
+    extract_seconds: float = Field(120.0, gt=0, description="time one document's reader may take; a document over it "
+                                   "fails with the reason, and the next run tries again")
+    extract_memory_mb: int = Field(1024, ge=16, description="memory one document's reader may add")
+    extract_expanded_mb: int = Field(512, ge=1, description="what a DOCX, PPTX, XLSX or EPUB archive may expand to "
+                                     "(a zip bomb's few kilobytes expand to gigabytes)")
     follow_symlinks: bool = Field(False, description="read files whose symlinks lead out of the input folder "
                                   "(otherwise skipped with a warning)")
 

@@ -402,12 +402,12 @@ def test_names_the_chunk_does_not_hold_are_dropped_and_counted(server, cache):
 def test_grounding_drops_nothing_from_well_formed_rich_replies(server, cache):
     """The rule's cost on good extractions: every sentence of the sample corpus decomposed by the
     fault server's rich replies (a unit per sentence, its capitalised words as entities)."""
+    from noderag_cli.config import ChunkConfig
     from noderag_cli.index.chunk import document_chunks, scan
 
     server.default = "rich"
-    files = [f for f in scan(ROOT / "sample_corpus", [".txt", ".md"], 10**7) if not f.reason]
-    chunks = [ChunkInput(cid, text, title) for title, pieces in document_chunks(files, 1024, 0)
-              for text, _, cid in pieces]
+    files = [f for f in scan(ROOT / "sample_corpus", ChunkConfig(extensions=[".txt", ".md"])) if not f.reason]
+    chunks = [ChunkInput(c[2], c[0], entry.title) for entry in document_chunks(files, ChunkConfig()) for c in entry.chunks]
     engine = engine_for(server, cache, concurrency=8)
     results = engine.decompose(chunks)
     entities = sum(len(u.entities) for units in results for u in units)

@@ -1,26 +1,38 @@
 """Stage 1: read the input folder and cut every document into token-bounded chunks.
 
 Documents are tracked by relative path and content hash, so the stage's fingerprint
-changes only when the folder's content does. Files that cannot be read as text are
-skipped with a reason (they appear in `documents.parquet` with status `skipped`).
-Chunks are cut at paragraph, then sentence boundaries, then token offsets for text
-with no boundaries at all (a 5 MB line).
+changes only when the folder's content does. Text and Markdown are read by the scan; PDF, Word,
+PowerPoint, Excel, HTML and EPUB files by their reader (`noderag_cli/readers`) on the worker
+processes, which turns them into Markdown with where each part came from. A file that cannot be
+read is skipped with a reason (status `skipped` in `documents.parquet`: unreadable, empty,
+binary, a format without a reader) or, when its reader failed on it (encrypted, damaged, no
+text layer, over a limit), `failed`: counted as a failed item, so the run exits 1 and the next
+run tries it again.
+
+Chunks are cut at paragraph, then sentence boundaries, then token offsets for text with no
+boundaries at all (a 5 MB line). Each chunk keeps its character span in the document's text
+(`start`, `end`; text as read, with "\r\n" as "\n") and `location`: the pages, slides or sheets
+and the sections (headings) it spans, as JSON. An update re-cuts only new and changed documents,
+and re-reads a changed PDF or Word file only: extractions are cached by content and reader.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
-from .. import nlp
+from .. import nlp, readers
+from ..cache import Cache
+from ..config import ChunkConfig
 from ..errors import InputError
 from ..executor import Executor
 from ..files import json_digest
@@ -46,6 +58,9 @@ CHUNK_SCHEMA = pa.schema(
         ("title", pa.string()),
         ("text", pa.string()),
         ("tokens", pa.int32()),
+        ("start", pa.int64()),  # where the chunk starts in its document's text (characters)
+        ("end", pa.int64()),  # and where it ends
+        ("location", pa.string()),  # JSON: {"pages": [..]} / {"slides": [..]} / {"sheets": [..]}, "sections": [..]
     ]
 )
 
@@ -54,11 +69,35 @@ CHUNK_SCHEMA = pa.schema(
 class ScannedFile:
     path: str
     absolute: str
-    text: str | None
+    text: str | None  # a text file's text; None for a file its reader reads (and for an unreadable one)
     content_hash: str
     size: int
     reason: str = ""
+    reader: str = "text"  # the format, as `readers.READERS` names it
 
+    @property
+    def extracted(self) -> bool:
+        """Read by a reader on the workers, not by the scan."""
+        return self.reader not in ("text", "markdown")
+
+
+class ScannedFiles(list):
+    """The files a scan found, and how many the include and exclude patterns left out."""
+
+    left_out: int = 0
+
+
+UNSUPPORTED = {
+    ".doc": "the legacy Word format: save it as .docx to index it",
+    ".ppt": "the legacy PowerPoint format: save it as .pptx to index it",
+    ".xls": "the legacy Excel format: save it as .xlsx to index it",
+    ".odt": "OpenDocument text has no reader: save it as .docx to index it",
+    ".odp": "OpenDocument slides have no reader: save them as .pptx to index them",
+    ".ods": "OpenDocument sheets have no reader: save them as .xlsx to index them",
+    ".rtf": "RTF has no reader: save it as .docx to index it",
+    ".pages": "Apple Pages has no reader: export it as .docx or PDF to index it",
+}
+"""Document formats a folder often holds that no reader takes: reported, never passed over in silence."""
 
 SCAN_PROGRESS = 1000  # files read between two progress reports
 MAX_LINE_CHARS = 1_000_000
@@ -94,6 +133,37 @@ def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
     return text, data, ""
 
 
+def _hash_file(path: str, max_bytes: int) -> tuple[str, int, str]:
+    """(content hash, size, reason) of a file a reader will read, streamed: it is not held in memory."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return "", 0, "not a regular file"
+        if info.st_size > max_bytes:
+            return "", info.st_size, f"larger than chunk.max_document_mb ({info.st_size:,} > {max_bytes:,} bytes)"
+        digest = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    except OSError as err:
+        return "", 0, f"unreadable: {err.strerror or err}"
+    if info.st_size == 0:
+        return "", 0, "empty file"
+    return digest.hexdigest(), info.st_size, ""
+
+
+def selected(relative: str, include: list[str], exclude: list[str]) -> bool:
+    """Whether the include and exclude patterns keep a file. A pattern with a "/" is matched
+    against the path relative to the input folder, one without against the file name (as in
+    .gitignore); `*` also crosses folders. No include pattern: every file is included."""
+    name = relative.rsplit("/", 1)[-1]
+
+    def matches(pattern: str) -> bool:
+        return fnmatch.fnmatchcase(relative if "/" in pattern else name, pattern.strip("/") if "/" in pattern else pattern)
+
+    return (not include or any(matches(p) for p in include)) and not any(matches(p) for p in exclude)
+
+
 def check_input_folder(folder: Path) -> None:
     """InputError unless folder is an existing, readable directory."""
     folder = Path(folder)
@@ -110,10 +180,12 @@ def check_input_folder(folder: Path) -> None:
         raise InputError(f"input folder is not readable: {folder} ({err.strerror})") from err
 
 
-def scan(folder: Path, extensions: list[str], max_bytes: int,
-         progress: Callable[[int], None] | None = None, follow_symlinks: bool = False) -> list[ScannedFile]:
-    """Every matching file under folder, recursively, in path order; `progress(n)` every
-    `SCAN_PROGRESS` files read.
+def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | None = None) -> ScannedFiles:
+    """Every file under folder with one of `settings.extensions` that the include and exclude
+    patterns keep, recursively, in path order; `progress(n)` every `SCAN_PROGRESS` files read.
+    Text files are read here; a file a reader reads (PDF, Word...) is hashed, and read by the
+    chunk stage on the workers. A document format no reader takes (`UNSUPPORTED`) comes back
+    skipped, with what to do about it.
 
     Hidden files and folders (".name") are left out. Symlinks are followed, each real folder
     once, so a symlink loop is walked only once; a link whose target lies outside the folder
@@ -125,10 +197,11 @@ def scan(folder: Path, extensions: list[str], max_bytes: int,
     """
     folder = Path(folder)
     check_input_folder(folder)
-    suffixes = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions}
+    suffixes = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in settings.extensions}
     seen_dirs: set[str] = set()
-    found: list[ScannedFile] = []
+    found = ScannedFiles()
     base = os.path.realpath(folder)
+    follow_symlinks = settings.follow_symlinks
 
     def outside(real: str) -> bool:
         return not follow_symlinks and real != base and not real.startswith(base + os.sep)
@@ -155,7 +228,8 @@ def scan(folder: Path, extensions: list[str], max_bytes: int,
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         prefix = "" if inside == "." else inside + "/"
         for name in sorted(files):
-            if os.path.splitext(name)[1].lower() not in suffixes or name.startswith("."):
+            suffix = os.path.splitext(name)[1].lower()
+            if name.startswith(".") or (suffix not in suffixes and suffix not in UNSUPPORTED):
                 continue
             absolute = os.path.join(root, name)
             relative = prefix + name
@@ -165,27 +239,41 @@ def scan(folder: Path, extensions: list[str], max_bytes: int,
                 shown = relative.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 found.append(ScannedFile(shown, absolute, None, "", 0, "file name is not valid UTF-8"))
                 continue
+            if not selected(relative, settings.include, settings.exclude):
+                found.left_out += 1
+                continue
+            if suffix not in suffixes:
+                found.append(ScannedFile(relative, absolute, None, "", 0, UNSUPPORTED[suffix], suffix.lstrip(".")))
+                continue
             if os.path.islink(absolute) and outside(target := os.path.realpath(absolute)):
                 found.append(leads_out(relative, absolute, target))
                 continue
-            text, data, reason = _read_text(absolute, max_bytes)
-            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-            found.append(ScannedFile(relative, absolute, text, digest, len(data), reason))
+            reader = readers.reader_for(relative)
+            kind = reader.name if reader is not None else "text"
+            if reader is not None and reader.read is not None:
+                digest, size, reason = _hash_file(absolute, settings.max_document_mb * 1_000_000)
+                found.append(ScannedFile(relative, absolute, None, digest, size, reason, kind))
+            else:
+                text, data, reason = _read_text(absolute, settings.max_file_bytes)
+                digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+                found.append(ScannedFile(relative, absolute, text, digest, len(data), reason, kind))
             if progress and len(found) % SCAN_PROGRESS == 0:
                 progress(SCAN_PROGRESS)
     if progress and len(found) % SCAN_PROGRESS:
         progress(len(found) % SCAN_PROGRESS)
-    return sorted(found, key=lambda f: f.path)
+    found.sort(key=lambda f: f.path)
+    return found
 
 
-def document_title(text: str, path: str) -> str:
+def document_title(text: str, markdown: bool) -> str:
+    """The first Markdown heading; else (not Markdown) the first line when it reads as a title."""
     for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
         if line.startswith("#"):
             return nlp.strip_markdown(line)
-        if path.lower().endswith(".md"):
+        if markdown:
             return ""
         if len(line) <= 120 and not re.search(r"[.!?]$", line):
             return line
@@ -193,68 +281,131 @@ def document_title(text: str, path: str) -> str:
     return ""
 
 
-def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> list[list[tuple[str, int]]]:
-    """Each text's chunks with their tokens: greedy packing of paragraphs (then sentences, then
-    token pieces) up to max_tokens. Token counts for all texts go to the tokenizer together (a
-    call per document cost more than the counting in an update of short documents).
+Piece = tuple[str, int, int, int]  # text, tokens, start, end (characters of the document's text)
+
+
+def _paragraph_spans(text: str) -> list[tuple[str, int, int]]:
+    """The blank-line separated blocks of a text, stripped, with their spans."""
+    spans, position = [], 0
+    for gap in [*re.finditer(r"\n\s*\n", text), None]:
+        end = gap.start() if gap is not None else len(text)
+        segment = text[position:end]
+        stripped = segment.strip()
+        if stripped:
+            start = position + len(segment) - len(segment.lstrip())
+            spans.append((stripped, start, start + len(stripped)))
+        if gap is not None:
+            position = gap.end()
+    return spans
+
+
+def _located(parts: list[str], text: str, start: int) -> list[tuple[str, int, int]]:
+    """Each part (a piece of `text[start:]`, in order) with its span, found from where the last ended."""
+    spans, cursor = [], start
+    for part in parts:
+        at = text.find(part, cursor)
+        at = cursor if at < 0 else at
+        spans.append((part, at, at + len(part)))
+        cursor = at + len(part)
+    return spans
+
+
+def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> list[list[Piece]]:
+    """Each text's chunks with their tokens and spans: greedy packing of paragraphs (then
+    sentences, then token pieces) up to max_tokens. Token counts for all texts go to the tokenizer
+    together (a call per document cost more than the counting in an update of short documents).
 
     With overlap, a chunk starts with the last whole pieces of the one before, as many as
     fit in `overlap_tokens` (at most half a chunk), so overlap never cuts a sentence.
     """
-    paragraphs = [[p for p in (p.strip() for p in re.split(r"\n\s*\n", t.replace("\r\n", "\n"))) if p] for t in texts]
-    sizes = iter(nlp.count_tokens([p for group in paragraphs for p in group]))
-    pieces: list[list[tuple[str, int | None]]] = []
-    for group in paragraphs:
-        own: list[tuple[str, int | None]] = []
-        for paragraph in group:
+    texts = [t.replace("\r\n", "\n") for t in texts]
+    paragraphs = [_paragraph_spans(t) for t in texts]
+    sizes = iter(nlp.count_tokens([p for group in paragraphs for p, _, _ in group]))
+    pieces: list[list[tuple[str, int | None, int, int]]] = []
+    for text, group in zip(texts, paragraphs, strict=True):
+        own: list[tuple[str, int | None, int, int]] = []
+        for paragraph, start, end in group:
             size = next(sizes)
             if size <= max_tokens:
-                own.append((paragraph, size))
+                own.append((paragraph, size, start, end))
                 continue
-            own.extend((piece, None) for sentence in nlp.split_sentences(paragraph)
-                       for piece in nlp.token_split(sentence, max_tokens))
+            parts = [piece for sentence in nlp.split_sentences(paragraph) for piece in nlp.token_split(sentence, max_tokens)]
+            own.extend((piece, None, a, b) for piece, a, b in _located(parts, text, start))
         pieces.append(own)
-    split_sizes = iter(nlp.count_tokens([p for own in pieces for p, size in own if size is None]))
-    pieces = [[(p, next(split_sizes) if size is None else size) for p, size in own] for own in pieces]
+    split_sizes = iter(nlp.count_tokens([p for own in pieces for p, size, _, _ in own if size is None]))
+    pieces = [[(p, next(split_sizes) if size is None else size, a, b) for p, size, a, b in own] for own in pieces]
     overlap_tokens = min(overlap_tokens, max_tokens // 2)
     chunks = [_pack(own, max_tokens, overlap_tokens) for own in pieces]
-    counts = iter(nlp.count_tokens([c for own in chunks for c in own]))
-    return [[(c, next(counts)) for c in own] for own in chunks]
+    counts = iter(nlp.count_tokens([c for own in chunks for c, _, _ in own]))
+    return [[(c, next(counts), a, b) for c, a, b in own] for own in chunks]
 
 
-def _pack(pieces: list[tuple[str, int]], max_tokens: int, overlap_tokens: int) -> list[str]:
-    chunks: list[str] = []
-    current: list[tuple[str, int]] = []
+def _pack(pieces: list[tuple[str, int, int, int]], max_tokens: int, overlap_tokens: int) -> list[tuple[str, int, int]]:
+    chunks: list[tuple[str, int, int]] = []
+    current: list[tuple[str, int, int, int]] = []
     current_tokens = 0
     fresh = False  # current holds a piece not yet in any chunk
-    for piece, size in pieces:
+
+    def close() -> None:
+        chunks.append(("\n\n".join(p for p, _, _, _ in current), current[0][2], current[-1][3]))
+
+    for piece in pieces:
+        size = piece[1]
         if current and fresh and current_tokens + size + 1 > max_tokens:
-            chunks.append("\n\n".join(p for p, _ in current))
-            carried: list[tuple[str, int]] = []
+            close()
+            carried: list[tuple[str, int, int, int]] = []
             carried_tokens = 0
-            for old, old_size in reversed(current):
-                if carried_tokens + old_size + 1 > overlap_tokens:
+            for old in reversed(current):
+                if carried_tokens + old[1] + 1 > overlap_tokens:
                     break
-                carried.insert(0, (old, old_size))
-                carried_tokens += old_size + 1
+                carried.insert(0, old)
+                carried_tokens += old[1] + 1
             current, current_tokens = carried, carried_tokens
             while current and current_tokens + size + 1 > max_tokens:
                 current_tokens -= current.pop(0)[1] + 1
-        current.append((piece, size))
+        current.append(piece)
         current_tokens += size + 1
         fresh = True
     if current and fresh:
-        chunks.append("\n\n".join(p for p, _ in current))
+        close()
     return chunks
 
 
-CHUNKER_VERSION = 3
+def location(text: str, parts: list[tuple[int, str, int | str]], start: int, end: int) -> str:
+    """Where the span [start, end) of a document's text lies, as JSON: the pages, slides or sheets
+    (`parts`, from the reader) and the sections (Markdown headings) it spans, each in order."""
+    found: dict[str, list] = {}
+    bounds = [(offset, kind, value) for offset, kind, value in parts] + \
+        [(offset, "sections", heading) for offset, heading in readers.sections(text)]
+    for kind in ("pages", "slides", "sheets", "sections"):
+        marks = [(offset, value) for offset, k, value in bounds if k == kind]
+        for number, (offset, value) in enumerate(marks):
+            following = marks[number + 1][0] if number + 1 < len(marks) else len(text) + 1
+            if offset < end and following > start and value not in found.get(kind, []):
+                found.setdefault(kind, []).append(value)
+    return json.dumps(found, ensure_ascii=False, separators=(",", ":"))
 
 
-def chunking_key(content_hash: str, path: str, max_tokens: int, overlap_tokens: int) -> str:
-    """What a document's chunks depend on: its bytes, the chunk settings, and (for the title) its kind."""
-    kind = "md" if path.lower().endswith(".md") else "txt"
-    return json_digest([CHUNKER_VERSION, content_hash, max_tokens, overlap_tokens, kind])
+CHUNKER_VERSION = 4  # 4: chunks keep their span and location
+Chunk = tuple[str, int, str, int, int, str]  # text, tokens, chunk id, start, end, location (JSON)
+
+
+@dataclass
+class DocumentChunks:
+    """A document cut into chunks; or why its reader failed on it (`failure`). `fresh`: the
+    reader's result, to be cached, when it was read in this run."""
+
+    title: str = ""
+    chunks: list[Chunk] = field(default_factory=list)
+    failure: str = ""
+    fresh: tuple[str, str, list] | None = None
+
+
+def chunking_key(file: ScannedFile, max_tokens: int, overlap_tokens: int, reader_identity: dict) -> str:
+    """What a document's chunks depend on: its bytes, the chunk settings, its format (the title
+    rule) and, for a format read by a reader, that reader's identity (library versions)."""
+    reader = reader_identity.get(file.reader) if file.extracted else None
+    return json_digest([CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, file.reader, reader])
 
 
 def chunking_settings(max_tokens: int, overlap_tokens: int) -> bytes:
@@ -262,80 +413,175 @@ def chunking_settings(max_tokens: int, overlap_tokens: int) -> bytes:
     return json.dumps([CHUNKER_VERSION, max_tokens, overlap_tokens]).encode()
 
 
-def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, max_tokens: int,
-                    overlap_tokens: int) -> dict[str, tuple[str, list[tuple[str, int, str]]]]:
-    """The last run's chunks of each document, by `chunking_key`, when they were cut the way this
-    run cuts them: an update re-cuts only new and changed documents."""
+def extraction_key(file: ScannedFile, reader_identity: dict) -> str:
+    """The cache key of a document's extracted text: its bytes and its reader's identity."""
+    return json_digest(["extract", file.content_hash, file.reader, reader_identity.get(file.reader)])
+
+
+def reader_identities(files: list[ScannedFile]) -> dict[str, dict]:
+    """Per format among `files` read by a reader, the reader's identity (`readers.identity`)."""
+    suffixes: dict[str, str] = {}
+    for file in files:
+        if file.extracted and file.reader not in suffixes:
+            suffixes[file.reader] = os.path.splitext(file.path)[1].lower()
+    return {name: readers.identity([suffix]) for name, suffix in suffixes.items()}
+
+
+def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, files: list[ScannedFile], max_tokens: int,
+                    overlap_tokens: int, reader_identity: dict) -> dict[str, DocumentChunks]:
+    """The last run's chunks of each document still in `files`, by `chunking_key`, when they were
+    cut the way this run cuts them: an update re-cuts (and re-reads) only new and changed documents."""
     if documents is None or chunks is None or \
             (chunks.schema.metadata or {}).get(b"noderag-chunking") != chunking_settings(max_tokens, overlap_tokens):
         return {}
-    pieces: dict[str, list[tuple[str, int, str]]] = {}
-    for doc, text, tokens, chunk in zip(*(chunks[c].to_pylist() for c in ("doc_id", "text", "tokens", "chunk_id")),
-                                        strict=True):
-        pieces.setdefault(doc, []).append((text, tokens, chunk))  # rows come in ordinal order
-    return {chunking_key(content_hash, path, max_tokens, overlap_tokens): (title, pieces.get(doc, []))
-            for doc, path, title, content_hash, status in
-            zip(*(documents[c].to_pylist() for c in ("doc_id", "path", "title", "content_hash", "status")), strict=True)
-            if status == "indexed"}
+    columns = ("doc_id", "text", "tokens", "chunk_id", "start", "end", "location")
+    pieces: dict[str, list[Chunk]] = {}
+    for doc, text, tokens, chunk, start, end, where in zip(*(chunks[c].to_pylist() for c in columns), strict=True):
+        pieces.setdefault(doc, []).append((text, tokens, chunk, start, end, where))  # rows come in ordinal order
+    by_path = {f.path: f for f in files}
+    found = {}
+    for doc, path, title, content_hash, status in zip(
+            *(documents[c].to_pylist() for c in ("doc_id", "path", "title", "content_hash", "status")), strict=True):
+        file = by_path.get(path)
+        if status == "indexed" and file is not None and file.content_hash == content_hash:
+            found[chunking_key(file, max_tokens, overlap_tokens, reader_identity)] = DocumentChunks(title, pieces.get(doc, []))
+    return found
 
 
 def document_chunks(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0,
-    previous: dict[str, tuple[str, list[tuple[str, int, str]]]] | None = None, executor: Executor | None = None,
-) -> list[tuple[str, list[tuple[str, int, str]]]]:
-    """(title, [(chunk text, tokens, chunk id)]) per file: the last run's when the document and the
-    settings are unchanged (`previous_chunks`), else cut on the `executor`'s workers."""
+    files: list[ScannedFile], settings: ChunkConfig, previous: dict[str, DocumentChunks] | None = None,
+    executor: Executor | None = None, cache: Cache | None = None,
+) -> list[DocumentChunks]:
+    """Each file's chunks: the last run's when the document and the settings are unchanged
+    (`previous_chunks`), else cut on the `executor`'s workers, after its reader read it there (or
+    from the `cache`, where an earlier run stored what the reader gave; fresh reads are stored as
+    each batch returns, so a killed run keeps them)."""
     previous = previous or {}
-    out: list[tuple[str, list[tuple[str, int, str]]] | None] = []
-    todo = []
+    identity = reader_identities(files)
+    out: list[DocumentChunks | None] = []
+    todo: list[int] = []
     for position, file in enumerate(files):
-        key = chunking_key(file.content_hash, file.path, max_tokens, overlap_tokens) if file.text is not None else ""
-        if file.text is None:
-            out.append(("", []))
+        key = chunking_key(file, settings.chunk_tokens, settings.overlap_tokens, identity)
+        if file.reason or (file.text is None and not file.extracted):
+            out.append(DocumentChunks())
         elif key in previous:
             out.append(previous[key])
         else:
             out.append(None)
             todo.append(position)
-    batches = [todo[start : start + 256] for start in range(0, len(todo), 256)]
-    jobs = [([(files[p].path, files[p].text) for p in batch], max_tokens, overlap_tokens) for batch in batches]
-    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs), strict=True):
+    keys = {p: extraction_key(files[p], identity) for p in todo if files[p].extracted}
+    stored = cache.get_many("extract", list(keys.values())) if cache is not None and keys else {}
+    texts = [p for p in todo if not files[p].extracted]
+    batches = [texts[i : i + 256] for i in range(0, len(texts), 256)] + [[p] for p in todo if files[p].extracted]
+    limits = (settings.extract_seconds, settings.extract_memory_mb, settings.extract_expanded_mb)
+    jobs = [([_work_item(files[p], keys.get(p, ""), stored) for p in batch], settings.chunk_tokens,
+             settings.overlap_tokens, limits) for batch in batches]
+
+    def keep(job, results: list[DocumentChunks]) -> None:
+        fresh = [(item[-1], _dump(r.fresh)) for item, r in zip(job[0], results, strict=True) if r.fresh is not None]
+        if cache is not None and fresh:
+            cache.put_many("extract", fresh)
+
+    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs, keep), strict=True):
         for position, entry in zip(batch, entries, strict=True):
             out[position] = entry
     return out
 
 
-def chunk_batch(job: tuple[list[tuple[str, str]], int, int]) -> list[tuple[str, list[tuple[str, int, str]]]]:
-    """A worker's share of `document_chunks`: (title, chunks) of each (path, text)."""
-    documents, max_tokens, overlap_tokens = job
-    pieces = chunk_texts([text for _, text in documents], max_tokens, overlap_tokens)
-    return [(document_title(text, path), [(piece, tokens, chunk_id(piece)) for piece, tokens in own])
-            for (path, text), own in zip(documents, pieces, strict=True)]
+def _work_item(file: ScannedFile, key: str, stored: dict[str, bytes]) -> tuple:
+    """What a worker needs of a file: its text, or its path and hash and any stored extraction
+    (and the key that extraction is stored under)."""
+    return (file.absolute, file.reader, file.text, file.content_hash, _load(stored[key]) if key in stored else None, key)
 
 
-def run(
-    files: list[ScannedFile], max_tokens: int, overlap_tokens: int = 0,
-    previous: dict[str, tuple[str, list[tuple[str, int, str]]]] | None = None, executor: Executor | None = None,
-) -> tuple[pa.Table, pa.Table]:
+def _dump(extracted: tuple[str, str, list]) -> bytes:
+    return json.dumps(extracted, ensure_ascii=False).encode()
+
+
+def _load(blob: bytes) -> tuple[str, str, list]:
+    text, title, parts = json.loads(blob)
+    return text, title, [tuple(part) for part in parts]
+
+
+def chunk_batch(job: tuple) -> list[DocumentChunks]:
+    """A worker's share of `document_chunks`: each document read (a text file's text as given; a
+    file a reader reads from its path, unless a stored extraction came with it), then cut."""
+    items, max_tokens, overlap_tokens, (seconds, memory_mb, expanded_mb) = job
+    read: list[tuple[str, str, list] | DocumentChunks] = []
+    for absolute, kind, text, content_hash, stored, _ in items:
+        if text is not None:
+            read.append((text, document_title(text, kind == "markdown"), []))
+        elif stored is not None:
+            read.append(stored)
+        else:
+            read.append(_extract(absolute, content_hash, readers.Limits(seconds, memory_mb, expanded_mb)))
+    done = [entry for entry in read if not isinstance(entry, DocumentChunks)]
+    cut = iter(chunk_texts([text for text, _, _ in done], max_tokens, overlap_tokens))
+    results = []
+    for (_, _, text_given, _, stored, _), entry in zip(items, read, strict=True):
+        if isinstance(entry, DocumentChunks):
+            results.append(entry)
+            continue
+        text, title, parts = entry
+        chunks = [(piece, tokens, chunk_id(piece), start, end, location(text, parts, start, end))
+                  for piece, tokens, start, end in next(cut)]
+        fresh = entry if text_given is None and stored is None else None
+        results.append(DocumentChunks(title, chunks, fresh=fresh))
+    return results
+
+
+def _extract(absolute: str, content_hash: str, limits: readers.Limits) -> tuple[str, str, list] | DocumentChunks:
+    """A document read by its reader: (Markdown, title, parts), or DocumentChunks with the failure."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with open(absolute, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    except OSError as err:
+        return DocumentChunks(failure=f"unreadable: {err.strerror or err}")
+    if digest.hexdigest() != content_hash:
+        return DocumentChunks(failure="changed while it was being indexed; run index again")
+    try:
+        extracted = readers.extract(absolute, limits)
+    except readers.Unreadable as err:
+        return DocumentChunks(failure=str(err))
+    title = extracted.title or document_title(extracted.text, True)
+    return extracted.text, title, [list(part) for part in extracted.parts]
+
+
+def run(files: list[ScannedFile], settings: ChunkConfig, previous: dict[str, DocumentChunks] | None = None,
+        executor: Executor | None = None, cache: Cache | None = None) -> tuple[pa.Table, pa.Table, dict]:
     """Documents and chunks tables for the scanned files (the chunks table marked with how it was
-    cut, for the next run's `previous_chunks`)."""
+    cut, for the next run's `previous_chunks`), and counts: documents read by a reader in this run,
+    read from the cache, and failed."""
     docs = {name: [] for name in DOCUMENT_SCHEMA.names}
     chunks = {name: [] for name in CHUNK_SCHEMA.names}
-    cut = document_chunks(files, max_tokens, overlap_tokens, previous, executor)
-    for file, (title, pieces) in zip(files, cut, strict=True):
+    cut = document_chunks(files, settings, previous, executor, cache)
+    counts = {"extracted": 0, "failed": 0}
+    for file, entry in zip(files, cut, strict=True):
         doc = document_id(file.path)
-        reason = file.reason or ("" if pieces else "no text after cleaning")
-        for name, value in zip(
-            DOCUMENT_SCHEMA.names,
-            [doc, file.path, title, file.content_hash, file.size, "indexed" if pieces else "skipped", reason, len(pieces)],
-            strict=True,
-        ):
+        pieces = entry.chunks
+        counts["extracted"] += entry.fresh is not None
+        counts["failed"] += bool(entry.failure)
+        if entry.failure:
+            status, reason = "failed", entry.failure
+        elif pieces:
+            status, reason = "indexed", ""
+        else:
+            status, reason = "skipped", file.reason or "no text after cleaning"
+        for name, value in zip(DOCUMENT_SCHEMA.names,
+                               [doc, file.path, entry.title, file.content_hash, file.size, status, reason, len(pieces)],
+                               strict=True):
             docs[name].append(value)
-        chunks["chunk_id"] += [c for _, _, c in pieces]
+        chunks["chunk_id"] += [c[2] for c in pieces]
         chunks["doc_id"] += [doc] * len(pieces)
         chunks["ordinal"] += range(len(pieces))
-        chunks["title"] += [title] * len(pieces)
-        chunks["text"] += [t for t, _, _ in pieces]
-        chunks["tokens"] += [n for _, n, _ in pieces]
-    marked = CHUNK_SCHEMA.with_metadata({"noderag-chunking": chunking_settings(max_tokens, overlap_tokens)})
-    return pa.Table.from_pydict(docs, schema=DOCUMENT_SCHEMA), pa.Table.from_pydict(chunks, schema=marked)
+        chunks["title"] += [entry.title] * len(pieces)
+        chunks["text"] += [c[0] for c in pieces]
+        chunks["tokens"] += [c[1] for c in pieces]
+        chunks["start"] += [c[3] for c in pieces]
+        chunks["end"] += [c[4] for c in pieces]
+        chunks["location"] += [c[5] for c in pieces]
+    marked = CHUNK_SCHEMA.with_metadata({"noderag-chunking": chunking_settings(settings.chunk_tokens,
+                                                                             settings.overlap_tokens)})
+    return pa.Table.from_pydict(docs, schema=DOCUMENT_SCHEMA), pa.Table.from_pydict(chunks, schema=marked), counts

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import ivf
+from .. import ivf, readers
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
@@ -150,11 +150,16 @@ def _chunk(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     settings = run.config.chunk
     last = [run.last(name) for name in ("documents.parquet", "chunks.parquet")]
-    previous = chunk.previous_chunks(*last, settings.chunk_tokens, settings.overlap_tokens)
-    documents, chunks = chunk.run(run.files, settings.chunk_tokens, settings.overlap_tokens, previous, run.executor)
+    previous = chunk.previous_chunks(*last, run.files, settings.chunk_tokens, settings.overlap_tokens,
+                                     chunk.reader_identities(run.files))
+    documents, chunks, counts = chunk.run(run.files, settings, previous, run.executor, run.ws.cache)
     run.write("documents.parquet", documents)
     run.write("chunks.parquet", chunks)
-    return {"documents": documents.num_rows, "chunks": chunks.num_rows}
+    failed = documents.filter(pc.equal(documents["status"], "failed"))
+    for path, reason in zip(failed["path"].to_pylist(), failed["reason"].to_pylist(), strict=True):
+        run.reporter.warn(f"could not read {path}: {reason}")
+    return {"documents": documents.num_rows, "chunks": chunks.num_rows, "extracted": counts["extracted"],
+            "failures": counts["failed"]}
 
 
 def _decompose(run: StageRun) -> dict:
@@ -267,7 +272,8 @@ def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
 
 GRAPH_OUTPUTS = ("nodes.parquet", "edges.parquet", "failures.parquet")
 STAGES: tuple[Stage, ...] = (
-    Stage("chunk", _chunk, settings=("chunk",), outputs=("documents.parquet", "chunks.parquet"), reads_input=True),
+    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=("documents.parquet", "chunks.parquet"),
+          reads_input=True),
     Stage("decompose", _decompose, upstream=("chunk",), settings=("engine",), task="decompose",
           outputs=(*GRAPH_OUTPUTS, "occurrences.parquet", "links.parquet")),
     Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph"), task="attributes",
@@ -293,6 +299,8 @@ def _settings(config: Config, engine_identity: dict, stage: Stage) -> dict:
             sections[name] = engine_identity
         elif name == "config":  # the whole config: the build carries a snapshot of it
             sections[name] = config_to_yaml(config, build=True)
+        elif name == "readers":  # the library versions that decide the text of the formats it reads
+            sections[name] = readers.identity(config.chunk.extensions)
         else:
             sections[name] = getattr(config, name).model_dump(mode="json")
     return sections
@@ -432,8 +440,7 @@ def run_pipeline(
     started = time.perf_counter()
     check_embedding_model(ws, embedder)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
-    files = chunk.scan(input_folder, config.chunk.extensions, config.chunk.max_file_bytes, reporter.advance,
-                       config.chunk.follow_symlinks)
+    files = chunk.scan(input_folder, config.chunk, reporter.advance)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     readable = [f for f in files if not f.reason]
     if not readable:
