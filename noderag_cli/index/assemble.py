@@ -97,8 +97,9 @@ def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Calla
         writer.table("documents", documents)
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
+        chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id", "doc_id", "start", "end", "location"])
         prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
-                           config.search.clustered_from)
+                           config.search.clustered_from, chunks)
         for name, array in prepared.arrays.items():
             writer.array(name, array)
         for name, table in prepared.tables.items():

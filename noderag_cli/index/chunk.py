@@ -281,7 +281,7 @@ def document_title(text: str, markdown: bool) -> str:
     return ""
 
 
-Piece = tuple[str, int, int, int]  # text, tokens, start, end (characters of the document's text)
+Piece = tuple[str, int, int, int, list]  # text, tokens, start, end (in the document's text), layout (`_pack`)
 
 
 def _paragraph_spans(text: str) -> list[tuple[str, int, int]]:
@@ -311,9 +311,10 @@ def _located(parts: list[str], text: str, start: int) -> list[tuple[str, int, in
 
 
 def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> list[list[Piece]]:
-    """Each text's chunks with their tokens and spans: greedy packing of paragraphs (then
-    sentences, then token pieces) up to max_tokens. Token counts for all texts go to the tokenizer
-    together (a call per document cost more than the counting in an update of short documents).
+    """Each text's chunks with their tokens, spans and layouts (`_pack`): greedy packing of
+    paragraphs (then sentences, then token pieces) up to max_tokens. Token counts for all texts go
+    to the tokenizer together (a call per document cost more than the counting in an update of
+    short documents).
 
     With overlap, a chunk starts with the last whole pieces of the one before, as many as
     fit in `overlap_tokens` (at most half a chunk), so overlap never cuts a sentence.
@@ -336,18 +337,25 @@ def chunk_texts(texts: list[str], max_tokens: int, overlap_tokens: int = 0) -> l
     pieces = [[(p, next(split_sizes) if size is None else size, a, b) for p, size, a, b in own] for own in pieces]
     overlap_tokens = min(overlap_tokens, max_tokens // 2)
     chunks = [_pack(own, max_tokens, overlap_tokens) for own in pieces]
-    counts = iter(nlp.count_tokens([c for own in chunks for c, _, _ in own]))
-    return [[(c, next(counts), a, b) for c, a, b in own] for own in chunks]
+    counts = iter(nlp.count_tokens([c[0] for own in chunks for c in own]))
+    return [[(c, next(counts), a, b, layout) for c, a, b, layout in own] for own in chunks]
 
 
-def _pack(pieces: list[tuple[str, int, int, int]], max_tokens: int, overlap_tokens: int) -> list[tuple[str, int, int]]:
-    chunks: list[tuple[str, int, int]] = []
+def _pack(pieces: list[tuple[str, int, int, int]], max_tokens: int, overlap_tokens: int) -> list[tuple]:
+    """Chunks as (text, start, end, layout): the pieces joined by blank lines, the span from the
+    first piece's start to the last's end, and per piece (its start in the document, its offset
+    in the chunk's text), to carry a position from one to the other."""
+    chunks: list[tuple] = []
     current: list[tuple[str, int, int, int]] = []
     current_tokens = 0
     fresh = False  # current holds a piece not yet in any chunk
 
     def close() -> None:
-        chunks.append(("\n\n".join(p for p, _, _, _ in current), current[0][2], current[-1][3]))
+        layout, offset = [], 0
+        for piece, _, start, _ in current:
+            layout.append((start, offset))
+            offset += len(piece) + 2
+        chunks.append(("\n\n".join(p for p, _, _, _ in current), current[0][2], current[-1][3], layout))
 
     for piece in pieces:
         size = piece[1]
@@ -371,19 +379,43 @@ def _pack(pieces: list[tuple[str, int, int, int]], max_tokens: int, overlap_toke
     return chunks
 
 
-def location(text: str, parts: list[tuple[int, str, int | str]], start: int, end: int) -> str:
-    """Where the span [start, end) of a document's text lies, as JSON: the pages, slides or sheets
-    (`parts`, from the reader) and the sections (Markdown headings) it spans, each in order."""
+def location(text: str, parts: list[tuple[int, str, int | str]], start: int, end: int,
+             layout: list[tuple[int, int]]) -> str:
+    """Where the chunk spanning [start, end) of a document's text lies, as JSON: per kind (the
+    reader's pages, slides or sheets; the Markdown headings as sections) the values in effect over
+    it, each as [where it starts in the chunk's text, value]; the first at 0, the one in effect
+    where the chunk starts. A search narrows a unit's place with them (`place_of`)."""
     found: dict[str, list] = {}
     bounds = [(offset, kind, value) for offset, kind, value in parts] + \
         [(offset, "sections", heading) for offset, heading in readers.sections(text)]
     for kind in ("pages", "slides", "sheets", "sections"):
-        marks = [(offset, value) for offset, k, value in bounds if k == kind]
+        marks = sorted((offset, value) for offset, k, value in bounds if k == kind)
         for number, (offset, value) in enumerate(marks):
             following = marks[number + 1][0] if number + 1 < len(marks) else len(text) + 1
-            if offset < end and following > start and value not in found.get(kind, []):
-                found.setdefault(kind, []).append(value)
+            if offset < end and following > start:
+                found.setdefault(kind, []).append([_in_chunk(max(offset, start), layout), value])
     return json.dumps(found, ensure_ascii=False, separators=(",", ":"))
+
+
+def _in_chunk(position: int, layout: list[tuple[int, int]]) -> int:
+    """A position in the document's text as a position in the chunk's text."""
+    base, offset = layout[0]
+    for start, at in layout:
+        if start > position:
+            break
+        base, offset = start, at
+    return offset + max(position - base, 0)
+
+
+def place_of(marks: dict[str, list], first: int, last: int) -> dict[str, list]:
+    """The values of a chunk's marks (`location`) in effect over [first, last) of its text."""
+    found = {}
+    for kind, entries in marks.items():
+        values = [value for number, (offset, value) in enumerate(entries)
+                  if offset < max(last, first + 1) and (number + 1 == len(entries) or entries[number + 1][0] > first)]
+        if values:
+            found[kind] = list(dict.fromkeys(values))
+    return found
 
 
 CHUNKER_VERSION = 4  # 4: chunks keep their span and location
@@ -523,8 +555,8 @@ def chunk_batch(job: tuple) -> list[DocumentChunks]:
             results.append(entry)
             continue
         text, title, parts = entry
-        chunks = [(piece, tokens, chunk_id(piece), start, end, location(text, parts, start, end))
-                  for piece, tokens, start, end in next(cut)]
+        chunks = [(piece, tokens, chunk_id(piece), start, end, location(text, parts, start, end, layout))
+                  for piece, tokens, start, end, layout in next(cut)]
         fresh = entry if text_given is None and stored is None else None
         results.append(DocumentChunks(title, chunks, fresh=fresh))
     return results

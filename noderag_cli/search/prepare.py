@@ -21,11 +21,13 @@ read by deriving the same structures in memory (`prepare` on its tables).
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
 | doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
+| place_indptr, place_rows, places (arrow) | per retrievable node, the chunks it came from as places (`places`): per chunk and document, JSON with the document, its content hash, the chunk's span and the pages, slides, sheets and sections over it; and the chunk's T node |
 | name_* and name_keys (arrow) | the name index of the N and O nodes (`entry.NameIndex`) |
 """
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,7 +42,7 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 5  # of these structures' definition (5: int8 codes per cluster); a build of another is rebuilt
+VERSION = 6  # of these structures' definition (6: where each node came from); a build of another is rebuilt
 TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
 TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
 MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
@@ -193,6 +195,45 @@ def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarr
     return indptr, codes[order], names
 
 
+def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.Table | None
+           ) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    """Per retrievable node, the places it came from (CSR: indptr int64, rows int32 into the places
+    table, each node's in place order): one place per chunk and document (a chunk text two
+    documents share is a place in each). A place is the document, its content hash, the chunk's
+    span and `marks` (`chunk.location`: the pages, slides, sheets and sections over the chunk, with
+    where each starts in its text), as JSON, and the chunk's T node row (`chunk_node`), whose text
+    the search finds a unit in to narrow the place to it (`Retriever._places_of`). Entities and
+    overviews, never shown, get none."""
+    n = nodes.num_rows
+    if chunks is None or not chunks.num_rows:
+        return (np.zeros(n + 1, np.int64), np.zeros(0, np.int32),
+                pa.table({"place": pa.array([], pa.string()), "chunk_node": pa.array([], pa.int32())}))
+    chunks = chunks.sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
+    by_doc = {d: (p, h) for d, p, h in zip(*(documents[c].to_pylist() for c in ("doc_id", "path", "content_hash")),
+                                           strict=True)}
+    texts = []
+    for doc, start, end, where in zip(*(chunks[c].to_pylist() for c in ("doc_id", "start", "end", "location")),
+                                      strict=True):
+        path, content_hash = by_doc.get(doc, (doc, ""))
+        place = {"document": path, "content_hash": content_hash, "span": [start, end], "marks": json.loads(where or "{}")}
+        texts.append(json.dumps(place, ensure_ascii=False, separators=(",", ":")))
+    chunk_node = pc.fill_null(pc.index_in(chunks["chunk_id"], value_set=nodes["id"]), -1).cast(pa.int32())
+    chunk_ids = chunks["chunk_id"].to_numpy(zero_copy_only=False)
+    distinct, first, count = np.unique(chunk_ids, return_index=True, return_counts=True)
+    lists = nodes["chunk_ids"]
+    all_lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy()
+    lengths = np.where(codes <= MAX_RETRIEVABLE_CODE, all_lengths, 0)
+    flat = pc.list_flatten(lists).filter(pa.array(np.repeat(codes <= MAX_RETRIEVABLE_CODE, all_lengths)))
+    found = pc.index_in(flat, value_set=pa.array(distinct, pa.string()))
+    known = pc.is_valid(found).to_numpy(zero_copy_only=False)
+    owner = np.repeat(np.arange(n), lengths)[known]
+    chunk = pc.fill_null(found, 0).to_numpy()[known]
+    owner = np.repeat(owner, count[chunk])
+    rows = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
+    indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))].astype(np.int64)
+    return indptr, rows.astype(np.int32), pa.table({"place": pa.array(texts, pa.string()), "chunk_node": chunk_node})
+
+
 def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
     """The sentence keys and the name index: the Python-bound part, run beside the array part."""
     arrays, tables = {}, {}
@@ -218,9 +259,11 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int) -> tuple[n
 
 
 def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
-            similarity_weight: float, seed: int = 42, clustered_from: int | None = None) -> Prepared:
+            similarity_weight: float, seed: int = 42, clustered_from: int | None = None,
+            chunks: pa.Table | None = None) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
-    tables and the vectors (row i = `vector_row` i)."""
+    tables, the vectors (row i = `vector_row` i) and the chunks table (for where nodes came from;
+    none: no places)."""
     out = Prepared()
     nodes = nodes.combine_chunks()
     n = nodes.num_rows
@@ -267,6 +310,9 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
         out.arrays["doc_indptr"], out.arrays["doc_codes"] = _narrow(doc_indptr), doc_codes
         out.tables["document_names"] = pa.table({"path": names})
+        place_indptr, place_rows, place_table = places(nodes, codes, documents, chunks)
+        out.arrays["place_indptr"], out.arrays["place_rows"] = _narrow(place_indptr), place_rows
+        out.tables["places"] = place_table
         arrays, tables, meta = text_part.result()
     out.arrays.update(arrays)
     out.tables.update(tables)

@@ -7,6 +7,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+PLAIN_TEXT = (".txt", ".md", ".markdown", ".rst")  # their sections are not named in a source: the path says enough
+_UNITS = (("pages", "p.", "pp."), ("slides", "slide", "slides"), ("sheets", "sheet", "sheets"))
+
+
+def place_label(place: dict) -> str:
+    """How a place is named where an answer cites it: "reports/q3.pdf pp. 12-13", "deck.pptx
+    slide 4", "book.xlsx sheet Q3", "manual.html § Installing" (the first section the chunk is
+    in), or the document's path alone."""
+    path = place.get("document", "")
+    for kind, one, many in _UNITS:
+        values = place.get(kind)
+        if values:
+            numbered = all(isinstance(v, int) for v in values)
+            shown = f"{values[0]}-{values[-1]}" if numbered and len(values) > 1 else ", ".join(map(str, values))
+            return f"{path} {one if len(values) == 1 else many} {shown}"
+    sections = place.get("sections")
+    if sections and not path.lower().endswith(PLAIN_TEXT):
+        return f"{path} § {re.sub(r'[()]', '', sections[0])}"
+    return path
+
 
 @dataclass
 class RetrievedNode:
@@ -16,10 +36,17 @@ class RetrievedNode:
     text: str
     documents: list[str]
     tokens: int
+    locations: list[dict] = field(default_factory=list)  # where it came from: a place per chunk (prepare.places)
+
+    @property
+    def sources(self) -> list[str]:
+        """Its places as an answer names them (`place_label`), each once; its documents where the
+        build records no places."""
+        return list(dict.fromkeys(place_label(p) for p in self.locations)) if self.locations else self.documents
 
     def as_dict(self) -> dict:
         return {"id": self.id, "type": self.type, "score": round(self.score, 8), "text": self.text,
-                "documents": self.documents, "tokens": self.tokens}
+                "documents": self.documents, "locations": self.locations, "tokens": self.tokens}
 
 
 @dataclass
@@ -43,7 +70,7 @@ class Retrieval:
         each line starts with [n] (from 1), the number an LLM answer cites it by."""
         lines = []
         for number, node in enumerate(self.nodes, 1):
-            source = f" (from {', '.join(node.documents)})" if node.documents else ""
+            source = f" (from {', '.join(node.sources)})" if node.sources else ""
             lines.append((f"[{number}] " if numbered else "") + f"[{node.type}] {node.text}{source}")
         return "\n".join(lines)
 
@@ -59,7 +86,8 @@ class Retrieval:
                 elif number not in seen:
                     seen.add(number)
                     node = self.nodes[number - 1]
-                    self.citations.append({"n": number, "id": node.id, "documents": node.documents})
+                    self.citations.append({"n": number, "id": node.id, "documents": node.documents,
+                                           "sources": node.sources})
 
     def as_dict(self) -> dict:
         shown = {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,

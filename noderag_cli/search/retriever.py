@@ -12,6 +12,7 @@ returns is in `results.py`.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
 
@@ -25,6 +26,7 @@ from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
+from ..index.chunk import place_of
 from ..workspace import Generation
 from . import QueryError, context, rounds
 from .entry import NameIndex
@@ -48,6 +50,7 @@ from .results import Retrieval, RetrievedNode
 from .vectors import VectorSide
 
 MAX_QUESTION_CHARS = 20_000
+MAX_PLACES = 10  # places shown per node (a community summary can come from hundreds of chunks)
 IS_LEADER = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["N"], TYPE_CODE["O"]])  # by type code
 CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER else len(context.TYPE_ORDER)
                          for t in TYPE_CODE], dtype=np.int8)  # by type code
@@ -132,6 +135,9 @@ class Retriever:
         self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
         self.document_names = data.arrow("document_names")["path"]
         self._paths: dict[int, str] = {}  # filled as paths are shown
+        self.place_indptr, self.place_rows = _mapped(data.array("place_indptr")), _mapped(data.array("place_rows"))
+        self.places = data.arrow("places")
+        self._places: dict[int, tuple[dict, int]] = {}  # (place, its chunk's T row), filled as places are shown
         self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
                                data.arrow("name_keys")["key"])
         self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
@@ -431,9 +437,41 @@ class Retriever:
         paths = self._document_paths(self.doc_codes[row_entries(self.doc_indptr, ordered)])
         ends = np.cumsum(counts).tolist()
         documents = [paths[end - count:end] for end, count in zip(ends, counts.tolist(), strict=True)]
+        texts = self._text_column.take(taken).to_pylist()
         columns = (node_ids(self.id_hash[ordered], codes[order]), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
-                   self._text_column.take(taken).to_pylist(), documents, self.tokens[ordered].tolist())
+                   texts, documents, self.tokens[ordered].tolist(), self._places_of(ordered, texts))
         return [RetrievedNode(*values) for values in zip(*columns, strict=True)]
+
+    def _places_of(self, rows: np.ndarray, texts: list[str]) -> list[list[dict]]:
+        """Each node's places (at most `MAX_PLACES`; a place parsed from the mapped build once per
+        session): its document, the document's content hash, the chunk's span and the pages,
+        slides, sheets and sections it lies on. A unit found in its chunk's text lies on those its
+        sentence spans, not on all of the chunk's."""
+        starts, ends = self.place_indptr[rows], np.minimum(self.place_indptr[rows + 1], self.place_indptr[rows] + MAX_PLACES)
+        wanted = [self.place_rows[a:b].tolist() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        missing = sorted({p for own in wanted for p in own if p not in self._places})
+        if missing:
+            taken = self.places.take(pa.array(missing, pa.int64()))
+            self._places.update(zip(missing, zip(map(json.loads, taken["place"].to_pylist()),
+                                                 taken["chunk_node"].to_pylist(), strict=True), strict=True))
+        shown = []
+        for row, text, own in zip(rows.tolist(), texts, wanted, strict=True):
+            unit = self.type_codes[row] == TYPE_CODE["S"]
+            shown.append([self._place(place, chunk_node, text if unit else None) for place, chunk_node in
+                          (self._places[p] for p in own)])
+        return shown
+
+    def _place(self, place: dict, chunk_node: int, unit: str | None) -> dict:
+        marks = place["marks"]
+        first, last = 0, 1 << 62
+        if unit is not None and chunk_node >= 0 and marks:
+            body = unit.split(": ", 1)[1] if ": " in unit and not unit.startswith(": ") else unit
+            chunk_text = self._text_column[chunk_node].as_py()
+            at = chunk_text.find(body[:60]) if body else -1
+            if at >= 0:
+                first, last = at, at + len(body)
+        return {"document": place["document"], "content_hash": place["content_hash"], "span": place["span"],
+                **place_of(marks, first, last)}
 
     def answer(self, retrieval: Retrieval) -> Retrieval:
         """The engine's answer. An LLM reads the context numbered and cites it ([n]); the offline
