@@ -2,7 +2,7 @@
 
 No model, no key, no network. It aims at a graph worth searching:
 - semantic units are sentences (headings dropped, fragments joined to the sentence
-  before), made self-contained by prefixing the document title when the sentence does
+  before; a table's rows, each cell under its column's name), made self-contained by prefixing the document title when the sentence does
   not name it ("Korven Institute: It was founded in 1902."); every unit names the title,
   the title without its qualifier ("Hello Love" of "Hello Love (song)") and the name the
   document's first sentence opens with, when that is another (what the document is about,
@@ -82,14 +82,19 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
     first, _, rest = body.lstrip().partition("\n")
     if title and nlp.strip_markdown(first.strip()) == title:
         body = rest
-    for block in nlp.paragraphs(body):
-        if re.match(r"^#{1,6}\s", block) or (title and nlp.strip_markdown(block) == title):
+    for raw in re.split(r"\n\s*\n", body):
+        rows = table_rows(raw)
+        if rows:
+            sentences += rows
             continue
-        for sentence in nlp.split_sentences(nlp.strip_markdown(block)):
-            if sentences and len(sentence.split()) < MIN_UNIT_WORDS:
-                sentences[-1] = f"{sentences[-1]} {sentence}"
-            else:
-                sentences.append(sentence)
+        for block in nlp.paragraphs(raw):
+            if re.match(r"^#{1,6}\s", block) or (title and nlp.strip_markdown(block) == title):
+                continue
+            for sentence in nlp.split_sentences(nlp.strip_markdown(block)):
+                if sentences and len(sentence.split()) < MIN_UNIT_WORDS:
+                    sentences[-1] = f"{sentences[-1]} {sentence}"
+                else:
+                    sentences.append(sentence)
     spotted = []
     for sentence in sentences:
         text = sentence
@@ -118,6 +123,31 @@ def decompose_chunk(chunk: ChunkInput) -> list[Unit]:
                     relations.append((left[2], between, right[2]))
         units.append(Unit(text=text, entities=entities, relations=tuple(dict.fromkeys(relations))))
     return units
+
+
+_CELLS = re.compile(r"(?<!\\)\|")
+
+
+def table_rows(block: str) -> list[str]:
+    """A Markdown table's rows as statements, each cell under its column's name ("Ship: Gannet;
+    Tonnage: 420."): a row is a unit of its own, and says what its numbers are. [] for a block
+    that is not a table."""
+    lines = [line.strip() for line in block.strip().splitlines()]
+    if len(lines) < 3 or not all(line.startswith("|") for line in lines) or \
+            not re.fullmatch(r"\|(\s*:?-{3,}:?\s*\|)+", lines[1]):
+        return []
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip().replace("\\|", "|") for cell in _CELLS.split(line.strip().strip("|"))]
+
+    header = cells(lines[0])
+    statements = []
+    for line in lines[2:]:
+        pairs = [(name or f"column {n + 1}", value) for n, (name, value) in enumerate(zip(header, cells(line), strict=False))
+                 if value]
+        if pairs:
+            statements.append("; ".join(f"{name}: {value}" for name, value in pairs) + ".")
+    return statements
 
 
 def _lead_name(sentence: str, title: str) -> str:

@@ -37,7 +37,10 @@ def read_docx(path: str, limits: Limits) -> Extracted:
         else:
             continue
         if block:
-            blocks.append(block)
+            if block.lstrip().startswith("- ") and blocks and blocks[-1].lstrip().startswith("- "):
+                blocks[-1] += "\n" + block  # a list's items stay one list
+            else:
+                blocks.append(block)
     return Extracted("\n\n".join(blocks), title)
 
 

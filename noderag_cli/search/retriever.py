@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 
@@ -81,6 +82,20 @@ def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[
     data = prepare(nodes, generation.table("edges"), generation.table("documents", ["doc_id", "path"]), vectors,
                    similarity_weight)
     return data, vectors
+
+
+def _found_in(unit: str, chunk_text: str) -> tuple[int, int] | None:
+    """Where a unit lies in its chunk's text: its sentence (without a "Subject: " prefix), else the
+    first of its pieces (a table row's cells, "Name: Ada; Role: Pilot") that the text holds."""
+    body = unit.split(": ", 1)[1] if ": " in unit and not unit.startswith(": ") else unit
+    at = chunk_text.find(body[:60]) if body else -1
+    if at >= 0:
+        return at, at + len(body)
+    for piece in re.split(r"[;:]\s+", body):
+        piece = piece.strip(" .")
+        if len(piece) >= 3 and (at := chunk_text.find(piece)) >= 0:
+            return at, at + len(piece)
+    return None
 
 
 class Retriever:
@@ -465,11 +480,7 @@ class Retriever:
         marks = place["marks"]
         first, last = 0, 1 << 62
         if unit is not None and chunk_node >= 0 and marks:
-            body = unit.split(": ", 1)[1] if ": " in unit and not unit.startswith(": ") else unit
-            chunk_text = self._text_column[chunk_node].as_py()
-            at = chunk_text.find(body[:60]) if body else -1
-            if at >= 0:
-                first, last = at, at + len(body)
+            first, last = _found_in(unit, self._text_column[chunk_node].as_py()) or (first, last)
         return {"document": place["document"], "content_hash": place["content_hash"], "span": place["span"],
                 **place_of(marks, first, last)}
 
