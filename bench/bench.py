@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     quick = ["--quick"] if args.quick else []
     data_args = ["--data", str(args.data)]
     sections.append(_module_section("bench.bench_index", [*data_args, *quick], "Indexing", 3600))
+    sections.append(_module_section("bench.bench_formats", ["--work", str(args.work / "formats"), *quick],
+                                    "Document formats", 3600))
     sections.append(_module_section("bench.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
     sections.append(_module_section("bench.bench_startup", [], "Start-up", 600))

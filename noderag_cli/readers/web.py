@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import warnings
 from urllib.parse import unquote
 
 from . import Extracted, Limits, Unreadable
@@ -32,10 +33,12 @@ def read_html(path: str, limits: Limits) -> Extracted:
 
 def page_markdown(markup: bytes | str) -> tuple[str, str]:
     """(Markdown of the page's content, the page's title)."""
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup, XMLParsedAsHTMLWarning
     from markdownify import MarkdownConverter
 
-    soup = BeautifulSoup(markup, "lxml")
+    with warnings.catch_warnings():  # XHTML read as HTML is what is meant here: no warning to print
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(markup, "lxml")
     title = " ".join(soup.title.get_text().split()) if soup.title is not None else ""
     for tag in soup(BOILERPLATE):
         tag.decompose()
