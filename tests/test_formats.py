@@ -183,3 +183,24 @@ def _config(tmp_path: Path, **chunk) -> Path:
     path = tmp_path / f"chunk-{'-'.join(f'{k}{v}' for k, v in chunk.items())}.yaml"
     path.write_text(yaml.safe_dump({"chunk": chunk}))
     return path
+
+
+def test_a_reader_upgrade_reads_again_only_its_own_format(monkeypatch):
+    """The library versions that decide a format's text are part of the chunk stage's settings and
+    of the keys of that format's chunks and extractions; a Markdown file's keys never change."""
+    from noderag_cli import readers
+    from noderag_cli.config import Config
+    from noderag_cli.index.chunk import ScannedFile, chunking_key, extraction_key
+    from noderag_cli.index.pipeline import BY_NAME, settings_digest
+
+    pdf = ScannedFile("a.pdf", "/docs/a.pdf", None, "0" * 32, 10, "", "pdf")
+    notes = ScannedFile("a.md", "/docs/a.md", "# A\n\ntext", "1" * 32, 10, "", "markdown")
+    before = {"pdf": {"version": readers.VERSION, "libraries": {"pypdfium2": "4.30.0"}}}
+    after = {"pdf": {"version": readers.VERSION, "libraries": {"pypdfium2": "5.0.0"}}}
+    assert chunking_key(pdf, 1024, 0, before) != chunking_key(pdf, 1024, 0, after)
+    assert extraction_key(pdf, before) != extraction_key(pdf, after)
+    assert chunking_key(notes, 1024, 0, before) == chunking_key(notes, 1024, 0, after)
+    chunk, decompose = (settings_digest(Config(), {}, BY_NAME[name]) for name in ("chunk", "decompose"))
+    monkeypatch.setattr(readers, "library_version", lambda name: "99.0" if name == "pypdfium2" else "1.0")
+    assert settings_digest(Config(), {}, BY_NAME["chunk"]) != chunk  # the chunk stage runs again...
+    assert settings_digest(Config(), {}, BY_NAME["decompose"]) == decompose  # ...and only it, by its settings

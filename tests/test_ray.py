@@ -146,3 +146,21 @@ def test_tasks_on_both_nodes_share_one_rate_limit(cluster):
     assert elapsed >= 3.0
     for i in range(len(arrivals) - 3):  # no 4 admissions within one window, across both nodes
         assert arrivals[i + 3] - arrivals[i] >= 1.0 - 0.05
+
+
+def test_documents_are_read_on_the_cluster_as_locally(cluster, tmp_path):
+    """A PDF and a Word file are read by the cluster's workers (from the folder's path, which both
+    nodes of this machine see) and give the tables a local build gives."""
+    from bench import documents as make
+
+    address, _ = cluster
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    parts = make.sections(3, 3)
+    make.write_pdf(folder / "report.pdf", "Harbour Report", parts, header="Harbour Board")
+    make.write_docx(folder / "minutes.docx", "Minutes", parts, table=[["Ship", "Tonnage"], ["Heron", "310"]])
+    shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", folder / "greyling_medal.md")
+    local = index(tmp_path / "local", folder).json()
+    remote = index(tmp_path / "ws", folder, "--config", _ray_config(tmp_path, address)).json()
+    assert local["stages"]["chunk"]["extracted"] == remote["stages"]["chunk"]["extracted"] == 2
+    assert_same_tables(tmp_path / "ws", tmp_path / "local")
