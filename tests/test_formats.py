@@ -204,3 +204,31 @@ def test_a_reader_upgrade_reads_again_only_its_own_format(monkeypatch):
     monkeypatch.setattr(readers, "library_version", lambda name: "99.0" if name == "pypdfium2" else "1.0")
     assert settings_digest(Config(), {}, BY_NAME["chunk"]) != chunk  # the chunk stage runs again...
     assert settings_digest(Config(), {}, BY_NAME["decompose"]) == decompose  # ...and only it, by its settings
+
+
+@pytest.mark.llm
+def test_an_llm_answer_cites_pages(workspace, tmp_path):
+    """An LLM reads each context line with its place ("(from reports/survey.pdf p. 2)") and its
+    citations name them."""
+    import yaml
+    from llm_support.fault_server import FaultServer, _task_of
+
+    with FaultServer(default="good") as server:
+        server.script(["cite"], marker="Cite the context lines")
+        config = tmp_path / "llm.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 1}}))
+        run = noderag("query", workspace, "Which dredger deepened the inner channel?", "--config", config, "--json",
+                      "--budget", "300")
+        request = [r for r in server.completions() if _task_of(r.body) == "answer"][0]
+    assert run.returncode == 0, run.stderr
+    context = request.body["messages"][1]["content"]
+    assert "(from reports/survey.pdf p. 2)" in context
+    from noderag_cli.search.results import place_label
+
+    result = run.json()
+    by_id = {node["id"]: node for node in result["nodes"]}
+    assert result["citations"]
+    for citation in result["citations"]:
+        places = by_id[citation["id"]]["locations"]
+        assert citation["sources"] == list(dict.fromkeys(place_label(p) for p in places))

@@ -175,8 +175,10 @@ def test_an_llm_answer_cites_numbered_context_lines(built, tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     nodes = result["nodes"]
-    assert result["citations"] == [{"n": 1, "id": nodes[0]["id"], "documents": nodes[0]["documents"]},
-                                   {"n": 2, "id": nodes[1]["id"], "documents": nodes[1]["documents"]}]
+    assert result["citations"] == [{"n": 1, "id": nodes[0]["id"], "documents": nodes[0]["documents"],
+                                    "sources": nodes[0]["documents"]},  # a Markdown file's source is its path
+                                   {"n": 2, "id": nodes[1]["id"], "documents": nodes[1]["documents"],
+                                    "sources": nodes[1]["documents"]}]
     assert result["invalid_citations"] == 1  # [99]: no such line
     context = answer_request.body["messages"][1]["content"]
     assert context.startswith("Context:\n[1] ") and f"\n[{len(nodes)}] " in context
