@@ -232,3 +232,15 @@ def test_an_llm_answer_cites_pages(workspace, tmp_path):
     for citation in result["citations"]:
         places = by_id[citation["id"]]["locations"]
         assert citation["sources"] == list(dict.fromkeys(place_label(p) for p in places))
+
+
+def test_a_reader_over_its_time_is_stopped_with_the_reason(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    make.write_pdf(docs / "long.pdf", "Long", make.sections(5, 40))
+    (docs / "notes.md").write_text("# Notes\n\nThe ferry to Skarra leaves twice a day.\n")
+    run = index(tmp_path / "ws", docs, "--config", _config(tmp_path, extract_seconds=0.000001), expect=1)
+    assert "long.pdf: extraction took over 1e-06 s (chunk.extract_seconds)" in run.stderr
+    statuses = {d["path"]: d["status"] for d in noderag("stats", tmp_path / "ws", "--json", "--documents").json()[
+        "documents"]["list"]}
+    assert statuses == {"long.pdf": "failed", "notes.md": "indexed"}
