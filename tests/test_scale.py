@@ -238,7 +238,8 @@ def test_the_walk_allocates_nothing_of_the_graphs_size():
     walk = WalkMatrix.from_csr(np.arange(0, 4 * n + 1, 4, dtype=np.int64), columns, np.ones(4 * n))
     entries = np.array([10, 5_000, 300_000], np.int64)
     scratch = np.zeros(n)
-    kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, entries, 0.5, 3, scratch)  # compile
+    start = np.full(3, 1 / 3)
+    kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, entries, start, 0.5, 3, scratch)  # compile
     tracemalloc.start()
     try:
         support, mass = shallow_ppr(walk, entries, 0.5, 3)
@@ -246,7 +247,7 @@ def test_the_walk_allocates_nothing_of_the_graphs_size():
     finally:
         tracemalloc.stop()
     kernel_support, kernel_mass = kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse,
-                                                    entries, 0.5, 3, scratch)
+                                                    entries, start, 0.5, 3, scratch)
     assert len(support) == 3 * 13 and support.tolist() == kernel_support.tolist()
     assert np.array_equal(mass, kernel_mass) and not scratch.any()
     assert numpy_peak < 64 * 1024, numpy_peak
