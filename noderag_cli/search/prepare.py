@@ -198,7 +198,7 @@ def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarr
 def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.Table | None
            ) -> tuple[np.ndarray, np.ndarray, pa.Table]:
     """Per retrievable node, the places it came from (CSR: indptr int64, rows int32 into the places
-    table, each node's in place order): one place per chunk and document (a chunk text two
+    table, each node's by document path, then position): one place per chunk and document (a chunk text two
     documents share is a place in each). A place is the document, its content hash, the chunk's
     span and `marks` (`chunk.location`: the pages, slides, sheets and sections over the chunk, with
     where each starts in its text), as JSON, and the chunk's T node row (`chunk_node`), whose text
@@ -230,6 +230,10 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     chunk = pc.fill_null(found, 0).to_numpy()[known]
     owner = np.repeat(owner, count[chunk])
     rows = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
+    paths = [by_doc.get(doc, (doc, ""))[0] for doc in chunks["doc_id"].to_pylist()]
+    path_rank = np.unique(np.asarray(paths, dtype=object), return_inverse=True)[1]
+    starts = chunks["start"].to_numpy()
+    rows = rows[np.lexsort((starts[rows], path_rank[rows], owner))]  # a node's places by document, then place in it
     indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))].astype(np.int64)
     return indptr, rows.astype(np.int32), pa.table({"place": pa.array(texts, pa.string()), "chunk_node": chunk_node})
 
