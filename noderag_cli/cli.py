@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -81,8 +82,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages and progress
-out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # results: document text verbatim
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text for a terminal: control characters (an escape sequence in a document or a file name
+    would retitle the window or move the cursor) shown as `\x1b`, direction overrides as `\u202e`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text)
+
+
+class _Console(Console):
+    """Document text verbatim to a pipe or a file, printable to a terminal (`printable`)."""
+
+    def print(self, *objects, **kwargs) -> None:
+        if self.is_terminal:
+            objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
+        super().print(*objects, **kwargs)
+
+
+console = _Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages and progress
+out = _Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # results: document text verbatim
 _json_errors = False  # a command run with --json (or --questions): its error is also one JSON line on stdout
 
 
@@ -110,7 +129,9 @@ def _print_json(payload, indent: int | None = 2) -> None:
 
 
 def _say(label: str, style: str, message: str) -> None:
-    console.print(Text.assemble((label, style), " ", message), soft_wrap=True)
+    message = " ".join(message.splitlines())  # one line, whatever a library's message held
+    console.print(Text.assemble((label, style), " ", printable(message) if console.is_terminal else message),
+                  soft_wrap=True)
 
 
 def _warn(message: str) -> None:
@@ -144,7 +165,15 @@ def _run(action):
 def _table(title: str | None, columns: list[str], right: tuple[str, ...] = ()):
     from rich.table import Table
 
-    table = Table(title=title)
+    class Shown(Table):
+        """A results table whose cells are shown printable on a terminal (`printable`)."""
+
+        def add_row(self, *cells, **kwargs) -> None:
+            if out.is_terminal:
+                cells = tuple(printable(c) if isinstance(c, str) else c for c in cells)
+            super().add_row(*cells, **kwargs)
+
+    table = Shown(title=title)
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left", overflow="fold")
     return table
@@ -660,11 +689,15 @@ def ablate(
 
 
 def _usage_error(err) -> int:
-    """A usage error (unknown option, bad value): click's message, and with --json the JSON object."""
-    err.show()
+    """A usage error (unknown option, bad value): one line, with the help to read; and with --json
+    the JSON object, also on one line."""
     code = getattr(err, "exit_code", EXIT_INPUT)
+    context = getattr(err, "ctx", None)
+    message = " ".join(err.format_message().split())
+    helper = f" (`{context.command_path} --help` lists the options)" if context is not None else ""
+    _say("error:", "bold red", message.rstrip(".") + helper)
     if "--json" in sys.argv[1:]:
-        _print_json({"error": err.format_message(), "exit_code": code}, indent=None)
+        _print_json({"error": message, "exit_code": code}, indent=None)
     return code
 
 

@@ -55,10 +55,14 @@ def parse_question_line(line: str, number: int) -> Question:
 
 def read_question_lines(path: Path) -> list[tuple[int, Question | str]]:
     """Every line of a JSONL question file, in order: (line number, the Question, or what is wrong
-    with the line in words). A trailing newline ends the last line; it is not a line of its own.
-    A file without a single usable question is an error."""
+    with the line in words). Lines end at "\n" (or "\r\n") only, as JSON Lines says: a U+2028 or a
+    form feed inside a line is text; a leading byte-order mark is not. A trailing newline ends the
+    last line; it is not a line of its own. A file without a single usable question is an error."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_text(encoding="utf-8-sig")
+        lines = [line.removesuffix("\r") for line in text.split("\n")]
+        if text.endswith("\n"):
+            lines.pop()
     except FileNotFoundError as err:
         raise QuestionFileError(f"question file not found: {path}") from err
     except IsADirectoryError as err:
