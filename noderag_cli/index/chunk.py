@@ -180,6 +180,33 @@ def check_input_folder(folder: Path) -> None:
         raise InputError(f"input folder is not readable: {folder} ({err.strerror})") from err
 
 
+def _walk(top: str, onerror: Callable[[OSError], None]):
+    """os.walk(top, followlinks=True) without recursion: (folder, its real path, sub-folders, files)
+    top-down, each folder's sub-folders in the order the caller leaves them in the list it was given
+    (it may prune it). Python's own walk recurses once per level, and a folder nested a thousand
+    deep ended it; a real path is resolved only where a link makes it differ."""
+    pending = [(top, os.path.realpath(top))]
+    while pending:
+        root, real = pending.pop()
+        try:
+            with os.scandir(root) as entries:
+                listed = list(entries)
+        except OSError as err:
+            onerror(err)
+            continue
+        dirs, files, links = [], [], set()
+        for entry in listed:
+            try:
+                (dirs if entry.is_dir() else files).append(entry.name)
+                if entry.is_symlink():
+                    links.add(entry.name)
+            except OSError:
+                files.append(entry.name)
+        yield root, real, dirs, files
+        pending.extend((os.path.join(root, d), os.path.realpath(os.path.join(root, d)) if d in links
+                        else os.path.join(real, d)) for d in reversed(dirs))
+
+
 def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | None = None) -> ScannedFiles:
     """Every file under folder with one of `settings.extensions` that the include and exclude
     patterns keep, recursively, in path order; `progress(n)` every `SCAN_PROGRESS` files read.
@@ -216,8 +243,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
         found.append(ScannedFile(relative + "/", str(where), None, "", 0, f"folder not readable: {err.strerror or err}"))
 
     # plain strings, not Path objects: building two Paths per file was half of a scan's time
-    for root, dirs, files in os.walk(folder, followlinks=True, onerror=unreadable_folder):
-        real = os.path.realpath(root)
+    for root, real, dirs, files in _walk(str(folder), unreadable_folder):
         inside = Path(root).relative_to(folder).as_posix()
         if real in seen_dirs or outside(real):
             if real not in seen_dirs:
