@@ -44,7 +44,7 @@ from .index.pipeline import (
     settings_digest,
 )
 from .questions import Question, read_jsonl
-from .workspace import Generation, Workspace, repair_hint
+from .workspace import Generation, Workspace, refuse_output_inside, repair_hint
 
 if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` and `index` do not need
     from .search.results import Retrieval
@@ -462,6 +462,7 @@ def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> di
     ws = Workspace(Path(workspace))
     target = Path(out) if out is not None else Path(f"{ws.root.resolve().name}" + (".graphml" if fmt == "graphml"
                                                                                    else "-csv"))
+    refuse_output_inside(target)
     if fmt == "graphml" and target.is_dir():
         raise InputError(f"--out {target} is a folder; GraphML goes to a file")
     if fmt == "csv" and target.exists() and not target.is_dir():

@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .cache import Cache
-from .errors import DamagedError, NoBuildError, WorkspaceError
+from .errors import DamagedError, InputError, NoBuildError, WorkspaceError
 from .files import (
     arrow_bytes,
     atomic_write_bytes,
@@ -229,6 +229,26 @@ class GenerationWriter:
         atomic_write_bytes(self.folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         fsync_dir(self.folder)
         return contents
+
+
+def workspace_holding(path: Path) -> Path | None:
+    """The workspace folder `path` lies in (itself or a folder above it, by its manifest or CURRENT
+    beside its stages or generations), or None: no command writes its output into a workspace,
+    where an index run would clean it away or, inside a build, break what queries read."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        if ((folder / "manifest.json").is_file() or (folder / CURRENT_FILE).is_file()) and \
+                ((folder / "stages").is_dir() or (folder / GENERATIONS_DIR).is_dir()):
+            return folder
+    return None
+
+
+def refuse_output_inside(path: Path, option: str = "--out") -> None:
+    """InputError (exit 2, one line) when `path` lies in a workspace (`workspace_holding`)."""
+    holder = workspace_holding(path)
+    if holder is not None:
+        raise InputError(f"{option} {path} is inside workspace {holder}: outputs are never written into a "
+                         "workspace; choose a folder outside it")
 
 
 class Workspace:

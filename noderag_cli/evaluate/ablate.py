@@ -32,7 +32,7 @@ from ..errors import AblationInputError, WorkspaceError
 from ..index.pipeline import Reporter
 from ..questions import Question, read_jsonl
 from ..search.results import Retrieval
-from ..workspace import Workspace
+from ..workspace import Workspace, workspace_holding
 from .baselines import BASELINES, Setup, Strategy, StrategySkipped, StrategySpec
 from .datasets import load_hotpotqa, load_musique
 from .run import evaluate
@@ -87,6 +87,9 @@ def parse_variants(text: str | None) -> list[str]:
 def check_output_dir(path: Path) -> Path:
     """Create the output folder if needed and make sure a file can be written in it."""
     path = Path(path)
+    if workspace_holding(path) is not None:
+        raise AblationInputError(f"--out {path} is inside workspace {workspace_holding(path)}: outputs are never "
+                                 "written into a workspace; choose a folder outside it")
     if path.exists() and not path.is_dir():
         raise AblationInputError(f"output folder {path} exists and is not a folder")
     try:
