@@ -443,12 +443,13 @@ def init(workspace: str | Path, llm: str | None = None, force: bool = False, pro
     return [ws.config_path, *written]
 
 
-def gc(workspace: str | Path, dry_run: bool = False) -> dict:
+def gc(workspace: str | Path, dry_run: bool = False, include_unfinished: bool = False) -> dict:
     """Remove (or with `dry_run` list) what no current table or build refers to: old builds no
-    reader holds, leftover temporary and stage files, cache entries no stage needs (collect.py)."""
+    reader holds, leftover temporary and stage files, cache entries no stage needs, but not those an
+    unfinished run paid for unless `include_unfinished` (collect.py)."""
     from .collect import collect
 
-    return collect(Path(workspace), dry_run)
+    return collect(Path(workspace), dry_run, include_unfinished)
 
 
 def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> dict:

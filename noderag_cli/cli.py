@@ -535,16 +535,20 @@ def init(
 @app.command(cls=Command, short_help="remove old builds and cache entries nothing refers to")
 def gc(
     workspace: Annotated[Path, typer.Argument(help="a workspace folder", metavar="WORKSPACE", show_default=False)],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be removed, remove nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be removed, remove nothing (works on a "
+                                                            "read-only workspace)")] = False,
+    include_unfinished: Annotated[bool, typer.Option(
+        "--include-unfinished", help="also remove the cache entries of an index run that did not finish (the next "
+                                     "run pays for them again)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Remove what no current table or build of WORKSPACE refers to: old builds no query holds,
     leftover files, cache entries no stage needs (deleted documents' text among them). Safe while
-    queries run; the next `index` re-pays nothing."""
+    queries run; the next `index` re-pays nothing: what an unfinished run paid for is kept."""
     from . import api
 
     _json_mode(as_json)
-    report = _run(lambda: api.gc(workspace, dry_run))
+    report = _run(lambda: api.gc(workspace, dry_run, include_unfinished))
     if as_json:
         _print_json(report)
         return

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .cache import CACHE_TABLE, cache_damage
+from .engines.llm import CACHE_NS as LLM_NS
 from .index.pipeline import STAGES
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
@@ -63,19 +64,22 @@ def _live_keys(ws: Workspace, manifest: dict) -> tuple[list[tuple[str, str]] | N
 
 
 def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> dict:
-    """Count, and unless dry_run remove, the cache entries not in `live`."""
+    """Count, and unless dry_run remove, the cache entries not in `live` (and how many of those are
+    paid LLM replies). A dry run opens the cache read-only: it works on a read-only workspace."""
     path = ws.cache_path
     before = _size(path) + _size(path.with_name(path.name + "-wal"))
     wanted = "EXISTS (SELECT 1 FROM live WHERE live.ns = kv.ns AND live.key = kv.key)"
-    db = sqlite3.connect(path, isolation_level=None)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None) if dry_run else \
+        sqlite3.connect(path, isolation_level=None)
     fresh = path.with_name(f".{path.name}.gc.tmp")
     try:
         db.execute("CREATE TEMP TABLE live (ns TEXT, key TEXT, PRIMARY KEY (ns, key)) WITHOUT ROWID")
         db.executemany("INSERT INTO live VALUES (?, ?)", live)
         total = db.execute("SELECT COUNT(*) FROM kv").fetchone()[0]
-        dead, dead_bytes = db.execute(f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM kv "
-                                      f"WHERE NOT {wanted}").fetchone()
-        report = {"entries": total, "removed": dead, "bytes": dead_bytes}
+        dead, dead_bytes, paid = db.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0), COALESCE(SUM(ns = '{LLM_NS}'), 0) "
+            f"FROM kv WHERE NOT {wanted}").fetchone()
+        report = {"entries": total, "removed": dead, "bytes": dead_bytes, "paid_replies": paid}
         if dry_run or not dead:
             return report
         with contextlib.suppress(FileNotFoundError):
@@ -103,11 +107,15 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
     return report
 
 
-def collect(workspace: Path, dry_run: bool = False) -> dict:
-    """What `noderag gc` removes (with `dry_run`, would remove) and how many bytes that frees."""
+def collect(workspace: Path, dry_run: bool = False, include_unfinished: bool = False) -> dict:
+    """What `noderag gc` removes (with `dry_run`, would remove, without writing anything or taking
+    the lock) and how many bytes that frees. After an index run that did not finish, the cache
+    entries no finished stage needs are kept (they are what that run paid for, and the next run
+    asks for them) unless `include_unfinished`; the report says how many, and how many of them are
+    paid LLM replies."""
     ws = Workspace(Path(workspace))
     ws.check_indexed()
-    with ws.lock():
+    with contextlib.nullcontext() if dry_run else ws.lock():
         manifest = ws.read_manifest()
         current = ws.current_name()
         folder = ws.root / GENERATIONS_DIR
@@ -130,10 +138,20 @@ def collect(workspace: Path, dry_run: bool = False) -> dict:
             elif live is None:
                 cache["skipped"] = why
             else:
+                unfinished = [name for name, entry in manifest.get("stages", {}).items() if entry.get("state") == "running"]
+                keep = bool(unfinished) and not include_unfinished
                 try:
-                    cache |= _sweep_cache(ws, live, dry_run)
+                    cache |= _sweep_cache(ws, live, dry_run or keep)
                 except (sqlite3.DatabaseError, pa.ArrowException) as err:
                     cache["skipped"] = f"{ws.cache_path} could not be read ({err}); `noderag index` salvages it"
+                if keep and "removed" in cache:
+                    cache["unfinished"] = {"entries": cache["removed"], "paid_replies": cache["paid_replies"]}
+                    cache["skipped"] = (
+                        f"the last index run did not finish (stage {unfinished[0]}): the {cache['removed']:,} cache "
+                        f"entries no finished stage needs ({cache['paid_replies']:,} of them paid LLM replies) are "
+                        "kept for the next run; `noderag gc --include-unfinished` removes them, and that run pays "
+                        "for them again")
+                    cache["removed"] = cache["bytes"] = 0
         freed = sum(sizes[name] for name in removed) + stray_bytes + cache["bytes"]
         return {"workspace": str(ws.root), "dry_run": dry_run, "generations": removed, "held_generations": held,
                 "files": [p.relative_to(ws.root).as_posix() for p in stray], "cache": cache, "bytes_freed": freed}
