@@ -328,6 +328,8 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
     try:
         generation = ws.open_generation()
     except NoBuildError:
+        if verify:  # a workspace with no usable build does not pass a check
+            raise
         generation = None
     if generation is not None:
         with generation:

@@ -517,6 +517,17 @@ class Workspace:
             return generation
         raise WorkspaceError(f"workspace {self.root}: could not hold its current build; try again")
 
+    def _built_before(self) -> str | None:
+        """The newest complete build left in generations/ when CURRENT is missing: a run that made it
+        had finished (its manifest says so), so CURRENT was lost, not never written."""
+        try:
+            done = self.read_manifest().get("stages", {}).get("assemble", {}).get("state") == "done"
+        except WorkspaceError:
+            return None
+        folder = self.root / GENERATIONS_DIR
+        names = sorted(p.name for p in folder.glob("g*") if (p / "manifest.json").is_file()) if folder.is_dir() else []
+        return names[-1] if done and names else None
+
     def _input(self) -> str | None:
         try:
             return self.read_manifest().get("input")
@@ -534,6 +545,10 @@ class Workspace:
         if not self.exists():
             raise NoBuildError(f"{self.root} is not a noderag workspace; run `noderag index {self.root} --input FOLDER` "
                                "to build one")
+        built = self._built_before()
+        if built:
+            raise damaged(self.root / CURRENT_FILE, self.root, f"missing, though build {built} was made",
+                          repair_hint(self.root, self._input()))
         pid = self.indexing_pid()
         if pid is not None:
             raise NoBuildError(f"workspace {self.root} is being indexed for the first time"
