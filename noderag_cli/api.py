@@ -37,6 +37,7 @@ from .index.pipeline import (
     IndexResult,
     Reporter,
     compare_documents,
+    damaged_outputs,
     decide,
     indexed_state,
     run_pipeline,
@@ -345,6 +346,12 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
                                        + repair_hint(ws.root, manifest.get("input")))
                 report["verified"] = {"generation": generation.name, "files": len(generation.manifest.get("files", {}))}
     if verify:
+        damaged = [path for stage in STAGES if stage.name != "assemble"  # the build: checked above
+                   for path in damaged_outputs(ws, stage, recorded.get(stage.name, {}))]
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise DamagedError(f"workspace file {damaged[0]} does not match the checksum recorded when it was "
+                               f"written{more}; " + repair_hint(ws.root, manifest.get("input")))
         problem = cache_damage(ws.cache_path, thorough=True)
         if problem:
             raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem}); "

@@ -147,10 +147,13 @@ class Generation:
             if size != info["bytes"]:
                 raise self.damaged(file, f"{size:,} bytes, expected {info['bytes']:,}")
 
-    def verify(self) -> list[str]:
-        """One line per file whose checksum differs from the manifest's (or that is missing)."""
+    def verify(self, files: tuple[str, ...] | None = None) -> list[str]:
+        """One line per file (of `files`, or all) whose checksum differs from the manifest's (or that
+        is missing)."""
         problems = []
         for file, info in sorted(self.manifest.get("files", {}).items()):
+            if files is not None and file not in files:
+                continue
             path = self.path(file)
             if not path.is_file():
                 problems.append(f"{path}: missing")

@@ -53,6 +53,7 @@ from . import assemble, attributes, chunk, communities, decompose, embed, simila
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
 KILL_ENV = "NODERAG_TEST_KILL_AT"
+OUTPUTS_DAMAGED = "its outputs are missing or damaged"
 
 
 class Reporter:
@@ -102,6 +103,7 @@ class StageRun:
     embedder: Embedder
     reporter: Reporter
     executor: Executor
+    recorded: dict = field(default_factory=dict)  # the checksums of its outputs the last committed run recorded
 
     def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
         return self.ws.read_table(self.ws.stage_path(stage, name), columns)
@@ -110,10 +112,30 @@ class StageRun:
         assert name in self.stage.outputs, f"{self.stage.name} declares no output {name}"
         return self.ws.stage_path(self.stage.name, name)
 
+    def trusted(self, name: str) -> Path | None:
+        """This stage's output `name` as the last run left it, if it matches the checksum that run
+        recorded: the only way a stage reuses its own earlier work, so a damaged file is rebuilt
+        (from the cache: nothing is paid twice), never carried on. None, with one warning naming
+        the file, when it does not; None, silently, when it is missing or was never recorded."""
+        path = self.path(name)
+        expected = self.recorded.get(name)
+        if expected is None or not path.is_file():
+            return None
+        if file_digest(path) != expected:
+            message = (f"workspace file {path} does not match the checksum recorded when it was written: rebuilt, "
+                       "with the work it holds taken from the cache")
+            self.reporter.warn(message)
+            self.ws.logger().warning(message)
+            return None
+        return path
+
     def last(self, name: str) -> pa.Table | None:
-        """This stage's output `name` as the last run left it, or None (missing or unreadable)."""
+        """This stage's output `name` as the last run left it (`trusted`), or None."""
+        path = self.trusted(name)
+        if path is None:
+            return None
         try:
-            return pq.read_table(self.path(name))
+            return pq.read_table(path)
         except (OSError, pa.ArrowException):
             return None
 
@@ -166,9 +188,10 @@ def _decompose(run: StageRun) -> dict:
     chunks = run.read("chunk", "chunks.parquet")
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
     rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
+    kept = [run.trusted(path.name.split(".", 1)[1]) for path in rows_paths]
     occurrences, links, failures, work = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance,
-        decompose.read_rows(*rows_paths), run.executor,
+        decompose.read_rows(*kept) if all(kept) else None, run.executor,
     )
     nodes, edges = decompose.build_graph(occurrences, links)
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
@@ -238,8 +261,9 @@ def _similarity(run: StageRun) -> dict:
                  "version": similarity_edges.VERSION}
     keys = similarity_edges.keys(ids, vectors)
     if len(ids) < settings.exact_below:
+        earlier = run.trusted("neighbours.parquet")
         neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
-                                                      _previous_neighbours(run.path("neighbours.parquet"), signature))
+                                                      _previous_neighbours(earlier, signature) if earlier else None)
     else:  # recomputed in full: nothing of an earlier run is reused, so no lists are kept for the next
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
                                                       settings.probes, similarity_edges.ASSIGN)
@@ -367,6 +391,22 @@ def outputs_digest(ws: Workspace, stage: Stage) -> str | None:
     return json_digest([file_digest(p) for p in paths])
 
 
+def damaged_outputs(ws: Workspace, stage: Stage, entry: dict) -> list[Path]:
+    """A finished stage's output files that are missing or no longer match the checksums its run
+    recorded (every file, when the run recorded only their combined digest)."""
+    if entry.get("state") != "done":
+        return []
+    if stage.name == "assemble":  # the current build's files, against its own manifest
+        with assemble.open_current(ws) as built:
+            return [] if built is None else [Path(line.split(": ", 1)[0]) for line in built.verify()]
+    paths = [ws.stage_path(stage.name, name) for name in stage.outputs]
+    recorded = entry.get("files")
+    if recorded is None:
+        return [] if outputs_digest(ws, stage) == entry.get("outputs") else paths
+    return [p for p, name in zip(paths, stage.outputs, strict=True)
+            if not p.is_file() or file_digest(p) != recorded.get(name)]
+
+
 @dataclass
 class Decision:
     run: bool
@@ -391,7 +431,7 @@ def decide(ws: Workspace, stage: Stage, entry: dict, settings: str, upstream: di
     if entry.get("fingerprint") != expected:
         return Decision(True, "the input folder changed" if stage.reads_input else "its inputs changed", expected)
     if outputs_digest(ws, stage) != entry.get("outputs"):
-        return Decision(True, "its outputs are missing or damaged", expected)
+        return Decision(True, OUTPUTS_DAMAGED, expected)
     return Decision(False, "unchanged", expected)
 
 
@@ -512,6 +552,11 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
             if stage.name == stop_after:
                 break
             continue
+        if decision.reason == OUTPUTS_DAMAGED:
+            for path in damaged_outputs(ws, stage, entry):
+                message = f"workspace file {path} is missing or damaged: rebuilt, with its work taken from the cache"
+                reporter.warn(message)
+                log.warning(message)
         stage_print = decision.fingerprint or fingerprint(stage, settings, digests, scan)
         manifest["stages"][stage.name] = {"state": "running", "fingerprint": stage_print, "settings": settings}
         ws.write_manifest(manifest)
@@ -523,12 +568,13 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor))
+                                  executor, entry.get("files", {}) if entry.get("state") == "done" else {}))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
-        digest = info.pop("outputs_digest", None) or outputs_digest(ws, stage)  # a stage that knows it says it
+        recorded = {name: file_digest(ws.stage_path(stage.name, name)) for name in stage.outputs}
+        digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
@@ -538,7 +584,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         result.rate_limit_seconds += llm.get("rate_limit_seconds", 0.0)
         info["vectors_computed"] = embedder.computed - vectors_before
         manifest["stages"][stage.name] = {"state": "done", "fingerprint": stage_print, "settings": settings,
-                                          "outputs": digest, "seconds": round(seconds, 3), "llm": llm, **info}
+                                          "outputs": digest, "files": recorded, "seconds": round(seconds, 3), "llm": llm,
+                                          **info}
         ws.write_manifest(manifest)
         reporter.stage_finished(stage.name, seconds, skipped=False)
         result.stages[stage.name] = {"skipped": False, "seconds": seconds, **info}
@@ -576,8 +623,8 @@ def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
     nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue)."""
     try:
         with assemble.open_current(ws) as built:
-            if built is None:
-                return
+            if built is None or built.verify(("nodes.parquet", "vectors.faiss")):
+                return  # a damaged file is read by no one: the embed stage then finds every vector in the cache
             nodes = built.table("nodes", ["text", "vector_row"])
             index = faiss.read_index(str(built.path("vectors.faiss")))
     except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
