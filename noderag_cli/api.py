@@ -25,7 +25,7 @@ from .config import Config, SearchConfig, changed, load_config
 from .embeddings import Embedder
 from .engines.base import Engine, identity
 from .engines.offline import OfflineEngine
-from .errors import DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
+from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
 from .executor import make_executor
 from .files import atomic_write_bytes
 from .graph import NODE_TYPES
@@ -45,7 +45,7 @@ from .index.pipeline import (
     settings_digest,
 )
 from .questions import Question, read_jsonl
-from .workspace import Generation, Workspace, refuse_output_inside, repair_hint
+from .workspace import Generation, Workspace, damaged, refuse_output_inside, repair_hint
 
 if TYPE_CHECKING:  # the search imports faiss and its structures, which `stats` and `index` do not need
     from .search.results import Retrieval
@@ -104,7 +104,14 @@ def index(
     check_input_folder(Path(input_folder))
     config = config or workspace_config(ws, config_path, reading)
     with ws.lock():
-        problem = cache_damage(ws.cache_path)
+        aside = ws.set_aside_manifest()
+        if aside is not None:
+            message = (f"workspace file {ws.manifest_path} was damaged: kept as {aside.name}; every stage runs again, "
+                       "its work taken from the cache (nothing is paid twice)")
+            ws.logger().warning(message)
+            if reporter is not None:
+                reporter.warn(message)
+        problem = cache_damage(ws.cache_path, thorough=True)  # every page read once: a flipped bit is found here
         if problem:
             _salvage_damaged_cache(ws, problem, reporter)
         try:
@@ -189,9 +196,15 @@ def build_config(generation: Generation, ws: Workspace, config_path: Path | None
     model when it names none), else the config the build was made with."""
     own_path = ws.config_path if generation.legacy else generation.path("config.yaml")
     own_file = own_path if own_path.is_file() else None
+    try:
+        own = load_config(own_file)
+    except ConfigError as err:  # written by noderag itself: unreadable is damaged, and `index` writes it again
+        if generation.legacy:
+            raise
+        raise damaged(own_path, ws.root, str(err).split(": ", 1)[-1],
+                      repair_hint(ws.root, generation.manifest.get("input"))) from None
     if config_path is None:
-        return load_config(own_file)
-    own = load_config(own_file)
+        return own
     config = load_config(config_path)
     if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
         config = config.model_copy(update={"embedding": own.embedding})
@@ -354,8 +367,9 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
                                f"written{more}; " + repair_hint(ws.root, manifest.get("input")))
         problem = cache_damage(ws.cache_path, thorough=True)
         if problem:
-            raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem}); "
-                               "`noderag index` keeps what is readable and rebuilds the rest")
+            raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem[:160]}); "
+                               f"`noderag index {ws.root} --input {manifest.get('input') or 'FOLDER'}` keeps what is "
+                               "readable and rebuilds the rest")
     report["nodes"] = {t: report["nodes"].get(t, 0) for t in NODE_TYPES}
     documents = _documents_status(ws)
     by_status: dict[str, int] = {}

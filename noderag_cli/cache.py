@@ -81,7 +81,11 @@ class Cache:
                     if not self.read_only:
                         raise
                     return {}  # a read-only look-up that cannot be answered only misses the cache
-                found.update((key, self._unpacked(value)) for key, value in rows.fetchall())
+                for key, value in rows.fetchall():
+                    try:
+                        found[key] = self._unpacked(value)
+                    except zlib.error:  # a damaged entry is a miss: what it held is computed (or asked) again
+                        continue
         return found
 
     def get(self, ns: str, key: str) -> bytes | None:
@@ -167,9 +171,9 @@ def cache_damage(path: Path, thorough: bool = False) -> str | None:
             verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
         finally:
             db.close()
-        return None if verdict == "ok" else verdict
+        return None if verdict == "ok" else " ".join(verdict.split())  # SQLite's report, on one line
     except sqlite3.DatabaseError as err:
-        return str(err)
+        return " ".join(str(err).split())
     except OSError as err:
         return f"unreadable: {err.strerror}"
 

@@ -36,6 +36,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -174,6 +175,15 @@ class Generation:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _input_of(manifest_path: Path) -> str | None:
+    """The input folder a (possibly damaged) manifest names, if its text still shows it."""
+    try:
+        found = re.search(r'"input":\s*"((?:[^"\\]|\\.)*)"', manifest_path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return json.loads(f'"{found.group(1)}"') if found else None
 
 
 def repair_hint(root: Path, input_folder: str | None) -> str:
@@ -328,6 +338,10 @@ class Workspace:
         """WorkspaceError unless the path is a folder that an `index` run has made a workspace."""
         self.check_folder()
         if not self.exists():
+            if (self.root / CURRENT_FILE).is_file() or self.stages_dir.is_dir():  # a workspace that lost it
+                raise damaged(self.manifest_path, self.root, "missing",
+                              f"`noderag index {self.root} --input FOLDER` rebuilds it (finished work is reused from "
+                              "the cache)")
             raise WorkspaceError(f"{self.root} is not a noderag workspace (no manifest.json)")
 
     def indexing_pid(self) -> int | None:
@@ -376,23 +390,49 @@ class Workspace:
 
     # manifest ----------------------------------------------------------------
     def read_manifest(self) -> dict:
-        if not self.manifest_path.is_file():
-            return {"format_version": FORMAT_VERSION, "stages": {}}
-        try:
-            manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise WorkspaceError(
-                f"workspace file {self.manifest_path} is damaged ({err}); remove it and run `noderag index` "
-                "to rebuild the tables (cached work is reused)"
-            ) from err
+        """The workspace's manifest (what each stage did, with its outputs' checksums), checked against
+        the checksum it carries of itself. A damaged one names the command that rebuilds it."""
+        problem, manifest = self.manifest_damage()
+        if problem:
+            raise damaged(self.manifest_path, self.root, problem,
+                          f"`noderag index {self.root} --input {_input_of(self.manifest_path) or 'FOLDER'}` rebuilds it "
+                          "(finished work is reused from the cache)")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise WorkspaceError(
                 f"workspace {self.root} has format version {manifest.get('format_version')}, this noderag reads {FORMAT_VERSION}"
             )
         return manifest
 
+    def manifest_damage(self) -> tuple[str | None, dict]:
+        """(what is wrong with the manifest or None, the manifest as read): a manifest that is no
+        JSON, or whose checksum of itself does not match (one flipped bit in a digest reads fine)."""
+        if not self.manifest_path.is_file():
+            return None, {"format_version": FORMAT_VERSION, "stages": {}}
+        try:
+            manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+            return f"unreadable: {str(err).splitlines()[0][:120]}", {}
+        if not isinstance(manifest, dict):
+            return "not a manifest", {}
+        recorded = manifest.pop("checksum", None)
+        if recorded is not None and recorded != json_digest(manifest):
+            return "its checksum of itself differs", {}
+        return None, manifest
+
+    def set_aside_manifest(self) -> Path | None:
+        """A damaged manifest moved aside (manifest.json.damaged-<time>), so `index` starts afresh:
+        every stage runs again, its work taken from the cache. Returns where it went, or None."""
+        problem, _ = self.manifest_damage()
+        if problem is None:
+            return None
+        aside = self.manifest_path.with_name(f"manifest.json.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(self.manifest_path, aside)
+        return aside
+
     def write_manifest(self, manifest: dict) -> None:
-        atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        body = {k: v for k, v in manifest.items() if k != "checksum"}
+        atomic_write_bytes(self.manifest_path,
+                           json.dumps({**body, "checksum": json_digest(body)}, indent=2, sort_keys=True).encode())
 
     # stage tables ----------------------------------------------------------------
     def read_table(self, path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -488,8 +528,10 @@ class Workspace:
             try:
                 fd = os.open(folder / READERS_FILE, os.O_RDONLY)
             except FileNotFoundError:
-                time.sleep(0.01)
-                continue
+                if self.current_name() != name or not (folder / "manifest.json").is_file():
+                    time.sleep(0.01)  # replaced meanwhile, and being removed: resolve CURRENT again
+                    continue
+                fd = self._recreate_readers(folder)  # the current build is never removed: the file was lost
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError as err:
@@ -519,6 +561,15 @@ class Workspace:
                 raise
             return generation
         raise WorkspaceError(f"workspace {self.root}: could not hold its current build; try again")
+
+    def _recreate_readers(self, folder: Path) -> int:
+        """A current build's lost `.readers` (the file readers hold it by), made again by this
+        reader; DamagedError naming it when the workspace cannot be written."""
+        try:
+            return os.open(folder / READERS_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise damaged(folder / READERS_FILE, self.root, f"missing, and cannot be made again here "
+                          f"({err.strerror or err})", repair_hint(self.root, self._input())) from None
 
     def _built_before(self) -> str | None:
         """The newest complete build left in generations/ when CURRENT is missing: a run that made it

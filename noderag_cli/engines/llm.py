@@ -64,18 +64,14 @@ from .transport import (
     Transport,
     _CacheWriter,
     _CallFailed,
-    _classify,
-    _first_line,
-    _is_connection_error,
-    _is_timeout,
     _refuses_connections,
-    _root_cause,
     load_litellm,
 )
 
 CACHE_NS = "llm"
 CACHE_VERSION = 1
 CHECK_TASK = "check_connection"
+CHECK_TOKENS = 64  # what the check call may use at most, reserved with the limiter
 """Stats task under which `check_connection`'s one tiny call is accounted."""
 
 _log = logging.getLogger("noderag.llm")
@@ -203,31 +199,28 @@ class LiteLLMEngine:
         lt = load_litellm()
         timeout = min(self.config.timeout_seconds, 120.0)  # a local server may first load its model
 
-        async def probe(_report):
-            return await lt.acompletion(
+        def call():
+            return lt.acompletion(
                 model=self.model, messages=[{"role": "user", "content": "Reply with the word OK."}],
                 max_tokens=16, temperature=self.config.temperature, timeout=timeout,
                 num_retries=0, max_retries=0, drop_params=True, **auth,
             )
 
+        async def probe(_report):  # the one retry path of every request: a 5xx or a stall is tried again
+            return await self.transport.send(TaskStats(), CHECK_TOKENS, call)
+
         stats = self.stats.task(task)
         stats.connection_checks += 1
         try:
             response = self.transport.run(probe)
-        except Exception as err:
-            kind = _classify(err)
-            detail = self.transport.safe(_first_line(err))
-            if kind == "rate_limit":
-                return  # reachable and authorised, just busy: the run will wait as needed
-            if kind == "fatal_auth":
-                source = f"${self.config.api_key_env}" if self.config.api_key_env else "the provider's default variable"
-                raise EngineError(f"{where} rejected the API key from {source} for model {self.model}: {detail}") from None
-            if kind == "fatal_model":
-                raise EngineError(f"model '{self.model}' is not served by {where}: {detail}") from None
-            if _is_timeout(err):
-                raise EngineError(f"no reply from {where} within {timeout:g} s (model {self.model})") from None
-            if _is_connection_error(err):
-                raise EngineError(f"cannot reach the LLM server at {where}: {_root_cause(err)}") from None
+        except EngineError:
+            raise  # a rejected key or an unknown model, said by the transport
+        except _CallFailed as err:
+            detail = self.transport.safe(str(err))
+            if err.category == "timeout":
+                raise EngineError(f"no reply from {where} within {timeout:g} s (model {self.model}): {detail}") from None
+            if err.category == "connection error":
+                raise EngineError(f"cannot reach the LLM server at {where}: {detail}") from None
             raise EngineError(f"test call to {self.model} at {where} failed: {detail}") from None
         self.transport.account(stats, response)
 

@@ -1,0 +1,318 @@
+"""Integrity (issue 27): a damaged workspace file never spreads, paid work is never collected, no
+output lands inside a workspace, and every message is one line naming the file and the repair.
+
+The damage matrix damages every kind of file a workspace holds (each stage's outputs, a build's
+files, the manifest, CURRENT, the cache) in four ways, and checks that `query` answers from an
+intact build or exits 3 with the one line, that `stats --verify` fails, and that `index` then
+finishes with tables equal to a fresh build of the same folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SAMPLE_CORPUS, assert_same_tables, copy_workspace, index, noderag
+
+from noderag_cli import api
+from noderag_cli.index.pipeline import STAGES
+
+DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md"]
+QUESTION = "Who founded the Sound Maritime Society?"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[Path, Path]:
+    """(folder, workspace): three documents of the sample corpus, indexed once (copied by each test)."""
+    root = tmp_path_factory.mktemp("integrity")
+    folder = root / "docs"
+    for name in DOCS:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+    api.index(root / "ws", folder)
+    return folder, root / "ws"
+
+
+def _files(ws: Path) -> list[str]:
+    """Every kind of file a workspace holds, relative to it: stage outputs, a build's, the rest."""
+    generation = "generations/" + (ws / "CURRENT").read_text().strip()
+    kinds = [f"stages/{stage.name}.{name}" for stage in STAGES for name in stage.outputs]
+    kinds += [f"{generation}/{p.name}" for p in sorted((ws / generation).iterdir()) if not p.name.startswith(".")]
+    return kinds + ["manifest.json", "CURRENT", "cache.sqlite"]
+
+
+def _damage(path: Path, how: str) -> None:
+    if how == "delete":
+        path.unlink()
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "truncate":
+        path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 2)])
+    else:  # one flipped bit in the middle
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        path.write_bytes(bytes(data))
+
+
+def _one_line(run) -> None:
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def _one_kind_each(files: list[str]) -> list[str]:
+    """One file of each kind (by suffix and folder): what truncating, emptying or deleting is tried on."""
+    seen, kept = set(), []
+    for relative in files:
+        kind = (relative.split("/")[0], Path(relative).suffix or relative)
+        if kind not in seen:
+            seen.add(kind)
+            kept.append(relative)
+    return kept
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "empty", "delete"])
+def test_damage_matrix(small, tmp_path, how):
+    """Every file flipped; one of each kind truncated, emptied and deleted. The search, the check and
+    the repair run in this process (their exit codes: DamagedError is 3); the one-line messages of
+    the CLI are checked on a file of each kind."""
+    from noderag_cli.errors import NoderagError
+
+    folder, pristine = small
+    files = _files(pristine)
+    cases = files if how == "flip" else _one_kind_each(files)
+    for number, relative in enumerate(cases):
+        ws = copy_workspace(pristine, tmp_path / f"{number}")
+        target = ws / relative
+        if how == "flip" and target.stat().st_size == 0:
+            continue
+        _damage(target, how)
+        try:
+            with api.open_workspace(ws, compiled=False) as session:
+                assert session.retrieve(QUESTION).nodes  # answers from an intact build...
+        except NoderagError as err:
+            assert err.exit_code == 3 and "index" in str(err) and "\n" not in str(err), (relative, err)  # ...or says
+        if relative != "cache.sqlite" or how not in ("empty", "delete"):  # an empty or absent cache is a new cache
+            with pytest.raises(NoderagError) as found:
+                api.stats(ws, verify=True)
+            assert found.value.exit_code == 3 and relative.split("/")[-1] in str(found.value), relative
+        if relative in _one_kind_each(files)[:3] or relative in ("manifest.json", "CURRENT", "cache.sqlite"):
+            verify = noderag("stats", ws, "--verify")
+            if verify.returncode:
+                _one_line(verify)
+        api.index(ws, folder)
+        api.stats(ws, verify=True)
+        assert_same_tables(ws, pristine)
+
+
+def test_an_interrupted_llm_run_keeps_what_it_paid_for_through_gc(small, tmp_path):
+    from llm_support.fault_server import FaultServer, _task_of
+
+    folder, _ = small
+    with FaultServer(default="rich") as server:
+        config = tmp_path / "llm.yaml"
+        config.write_text(yaml.safe_dump({"chunk": {"chunk_tokens": 200},
+                                          "llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 1,
+                                                  "concurrency": 1}}))
+        ws = tmp_path / "ws"
+        killed = index(ws, folder, "--config", config, env={"NODERAG_TEST_KILL_AT": "decompose:4"}, expect=None)
+        assert killed.returncode == -9
+        paid = len([r for r in server.completions() if _task_of(r.body) == "decompose"])
+        assert paid >= 4
+        dry = noderag("gc", ws, "--dry-run", "--json").json()
+        assert dry["cache"]["unfinished"]["paid_replies"] >= 4 and dry["cache"]["removed"] == 0
+        report = noderag("gc", ws, "--json").json()
+        assert report["cache"]["removed"] == 0 and "did not finish" in report["cache"]["skipped"]
+        server.reset()
+        index(ws, folder, "--config", config)
+        chunks = len(api.Workspace(ws).read_table(ws / "stages" / "chunk.chunks.parquet"))
+        asked = len([r for r in server.completions() if _task_of(r.body) == "decompose"])
+        assert asked == chunks - paid  # what the killed run paid for is not asked again
+        # and once the user asks, it goes: the count is said first
+        killed = index(tmp_path / "again", folder, "--config", config, env={"NODERAG_TEST_KILL_AT": "decompose:2"},
+                       expect=None)
+        report = noderag("gc", tmp_path / "again", "--include-unfinished", "--json").json()
+        assert report["cache"]["removed"] >= 2 and report["cache"]["paid_replies"] >= 2
+
+
+def test_a_damaged_manifest_is_rebuilt_by_index(small, tmp_path):
+    folder, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    text = (ws / "manifest.json").read_text()
+    digest = json.loads(text)["stages"]["chunk"]["outputs"]
+    (ws / "manifest.json").write_text(text.replace(digest, digest[:-1] + ("0" if digest[-1] != "0" else "1")))
+    stats = noderag("stats", ws)
+    assert stats.returncode == 3
+    _one_line(stats)
+    assert "manifest.json is damaged (its checksum of itself differs)" in stats.stderr
+    assert f"`noderag index {ws} --input {folder}` rebuilds it" in stats.stderr
+    assert noderag("query", ws, QUESTION).returncode == 0  # the build itself is intact
+    run = index(ws, folder)
+    assert "kept as manifest.json.damaged-" in run.stderr
+    assert_same_tables(ws, pristine)
+    assert noderag("stats", ws, "--verify").returncode == 0
+
+
+def test_a_damaged_cache_is_salvaged_by_index(small, tmp_path):
+    folder, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    cache = ws / "cache.sqlite"
+    data = bytearray(cache.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    for offset in range(page + 8, page + 40):  # the first table page's cell pointers: structure, not a value
+        data[offset] ^= 0xFF
+    cache.write_bytes(bytes(data))
+    verify = noderag("stats", ws, "--verify")
+    assert verify.returncode == 3
+    _one_line(verify)
+    assert "cache.sqlite is damaged" in verify.stderr and f"noderag index {ws} --input {folder}" in verify.stderr
+    run = index(ws, folder)
+    assert "cache.sqlite was damaged" in run.stderr
+    assert noderag("stats", ws, "--verify").returncode == 0
+    assert_same_tables(ws, pristine)
+
+
+def test_a_lost_readers_file_is_made_again(small, tmp_path):
+    _, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    readers = ws / "generations" / (ws / "CURRENT").read_text().strip() / ".readers"
+    readers.unlink()
+    run = noderag("query", ws, QUESTION)
+    assert run.returncode == 0, run.stderr
+    assert readers.is_file()
+
+
+def test_a_damaged_build_config_is_named_with_its_repair(small, tmp_path):
+    folder, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    config = ws / "generations" / (ws / "CURRENT").read_text().strip() / "config.yaml"
+    config.write_text(config.read_text().replace("search:", "search: [", 1))
+    run = noderag("query", ws, QUESTION)
+    assert run.returncode == 3
+    _one_line(run)
+    assert "config.yaml is damaged" in run.stderr and f"noderag index {ws} --input {folder}" in run.stderr
+    api.index(ws, folder)
+    assert noderag("query", ws, QUESTION).returncode == 0
+
+
+def test_a_lost_current_fails_verify_and_is_named(small, tmp_path):
+    folder, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    (ws / "CURRENT").unlink()
+    for run in (noderag("stats", ws, "--verify"), noderag("query", ws, QUESTION)):
+        assert run.returncode == 3
+        _one_line(run)
+        assert "CURRENT is damaged (missing" in run.stderr and f"noderag index {ws} --input {folder}" in run.stderr
+
+
+def test_the_connection_check_is_retried_like_any_request(small, tmp_path):
+    from llm_support.fault_server import FaultServer
+
+    folder, _ = small
+    with FaultServer(default="good") as server:
+        server.script(["503", "500"], marker="Reply with the word OK")
+        config = tmp_path / "llm.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 3}}))
+        run = noderag("query", small[1], QUESTION, "--config", config)
+        assert run.returncode == 0, run.stderr
+        checks = [r for r in server.completions() if "Reply with the word OK" in json.dumps(r.body)]
+        assert [r.status for r in checks] == [503, 500, 200]
+
+
+def test_outputs_never_land_inside_a_workspace(small, tmp_path):
+    _, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    build = ws / "generations" / (ws / "CURRENT").read_text().strip()
+    for args in (["export", ws, "--out", ws / "CURRENT"], ["export", ws, "--format", "csv", "--out", build / "x"],
+                 ["ablate", ws, "--questions", SAMPLE_CORPUS / "questions.jsonl", "--out", build, "--variants",
+                  "noderag", "--budgets", "300"]):
+        run = noderag(*args)
+        assert run.returncode == 2
+        _one_line(run)
+        assert "inside workspace" in run.stderr
+    assert noderag("query", ws, QUESTION).returncode == 0 and noderag("stats", ws, "--verify").returncode == 0
+
+
+def test_question_files_split_lines_on_newlines_only(small, tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_bytes("\ufeff".encode() + json.dumps({"question": "Who\u2028founded the society?"}).encode()
+                          + b"\r\n" + json.dumps({"question": "A form\x0cfeed?"}).encode().replace(b"\\f", b"\x0c")
+                          + b"\n" + json.dumps({"question": QUESTION}).encode() + b"\n")
+    run = noderag("query", small[1], "--questions", questions, "--context-only")
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [line["line"] for line in lines] == [1, 2, 3]  # three lines, whatever their characters
+    assert "error" not in lines[0] and "error" in lines[1] and "error" not in lines[2]
+    assert run.returncode == 1
+
+
+def test_a_folder_nested_a_thousand_deep_is_read(tmp_path):
+    folder = tmp_path / "docs"
+    deep = folder.joinpath(*["n"] * 990)
+    deep.mkdir(parents=True)
+    (deep / "deep.md").write_text("# Deep\n\nThe deepest note says the ferry leaves at noon.\n")
+    run = index(tmp_path / "ws", folder)
+    assert "Traceback" not in run.stderr
+
+
+def test_usage_errors_are_one_line(small):
+    for args in (["query"], ["index", small[1], "--bogus"], ["query", small[1], QUESTION, "--budget", "lots"]):
+        run = noderag(*args)
+        assert run.returncode == 2
+        _one_line(run)
+        assert "--help" in run.stderr
+    run = noderag("query", "--json")
+    assert len(run.stdout.strip().splitlines()) == 1 and json.loads(run.stdout)["exit_code"] == 2
+
+
+def test_gc_dry_run_writes_nothing(small, tmp_path):
+    _, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    before = {p: p.stat().st_mtime_ns for p in ws.rglob("*")}
+    with api.Workspace(ws).lock():  # an index run holds the workspace: a dry run still answers
+        run = noderag("gc", ws, "--dry-run")
+    assert run.returncode == 0, run.stderr
+    assert {p: p.stat().st_mtime_ns for p in ws.rglob("*")} == before
+
+
+def test_control_characters_reach_a_terminal_escaped(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "title\x1b]0;pwned\x07.md").write_text("# Escape\n\nThe ferry \x1b[31mleaves\x1b[0m at noon daily.\n")
+    index(tmp_path / "ws", folder)
+    shown = _on_a_terminal([sys.executable, "-m", "noderag_cli.cli", "query", str(tmp_path / "ws"),
+                            "When does the ferry leave?", "--show-context"])
+    assert "\x1b]0;" not in shown and "\x1b[31m" not in shown
+    assert "\\x1b[31mleaves" in shown
+    piped = noderag("query", tmp_path / "ws", "When does the ferry leave?", "--show-context")
+    assert "\x1b[31mleaves" in piped.stdout  # a pipe gets the text as it is
+
+
+def _on_a_terminal(command: list[str]) -> str:
+    """What a command prints on a terminal (a pseudo-terminal: the CLI sees a tty)."""
+    main, child = pty.openpty()
+    process = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, close_fds=True,
+                               env={**os.environ, "COLUMNS": "200", "TERM": "dumb"}, cwd=Path(__file__).parents[1])
+    os.close(child)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([main], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(main, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    process.wait(timeout=60)
+    os.close(main)
+    return b"".join(chunks).decode("utf-8", "replace")
