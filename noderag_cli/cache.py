@@ -14,6 +14,27 @@ from pathlib import Path
 
 CACHE_TABLE = "CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))"
 COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
+CHECKED = b"\x00crc:"  # the prefix of a stored value that carries its CRC-32 (4 bytes) before it
+
+
+class DamagedValue(ValueError):
+    """A stored value whose CRC-32 does not match: read as a miss, never as what it once was."""
+
+
+def _crc(ns: str, key: str, body: bytes) -> bytes:
+    """The CRC-32 of an entry: its namespace and key with its value, so a damaged key is found too."""
+    return zlib.crc32(body, zlib.crc32(f"{ns}\x1f{key}\x1f".encode())).to_bytes(4, "big")
+
+
+def checked(ns: str, key: str, stored: bytes) -> bytes:
+    """A stored value without its checksum (a value stored before checksums is taken as it is);
+    DamagedValue when the checksum does not match."""
+    if not stored.startswith(CHECKED):
+        return stored
+    body = stored[len(CHECKED) + 4:]
+    if _crc(ns, key, body) != stored[len(CHECKED):len(CHECKED) + 4]:
+        raise DamagedValue("checksum differs")
+    return body
 
 
 class Cache:
@@ -38,15 +59,19 @@ class Cache:
         self._db.execute(CACHE_TABLE)
 
     @staticmethod
-    def _packed(value: bytes) -> bytes:
+    def _packed(ns: str, key: str, value: bytes) -> bytes:
         """Values of a few hundred bytes and more are stored compressed (zlib, the fastest level:
-        a decomposition's JSON shrinks threefold), marked by a prefix no stored JSON starts with."""
-        if len(value) < 256 or value.startswith(COMPRESSED):  # small, or already packed (a salvaged row)
+        a decomposition's JSON shrinks threefold), marked by a prefix no stored JSON starts with;
+        every value carries its CRC-32, so one flipped bit is a miss, not a wrong reply reused."""
+        if value.startswith(CHECKED):  # already packed (a salvaged row)
             return value
-        return COMPRESSED + zlib.compress(value, 1)
+        if len(value) >= 256 and not value.startswith(COMPRESSED):
+            value = COMPRESSED + zlib.compress(value, 1)
+        return CHECKED + _crc(ns, key, value) + value
 
     @staticmethod
-    def _unpacked(value: bytes) -> bytes:
+    def _unpacked(ns: str, key: str, value: bytes) -> bytes:
+        value = checked(ns, key, value)
         return zlib.decompress(value[len(COMPRESSED):]) if value.startswith(COMPRESSED) else value
 
     def start_recording(self) -> None:
@@ -83,8 +108,8 @@ class Cache:
                     return {}  # a read-only look-up that cannot be answered only misses the cache
                 for key, value in rows.fetchall():
                     try:
-                        found[key] = self._unpacked(value)
-                    except zlib.error:  # a damaged entry is a miss: what it held is computed (or asked) again
+                        found[key] = self._unpacked(ns, key, value)
+                    except (zlib.error, DamagedValue):  # a damaged entry is a miss: computed (or asked) again
                         continue
         return found
 
@@ -92,7 +117,7 @@ class Cache:
         return self.get_many(ns, [key]).get(key)
 
     def put_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
-        rows = [(ns, key, self._packed(value)) for key, value in items]
+        rows = [(ns, key, self._packed(ns, key, value)) for key, value in items]
         self.touch(ns, (key for _, key, _ in rows))
         if not rows or self.read_only:
             return
@@ -146,7 +171,8 @@ def _read_only_uri(path: Path) -> str:
 def cache_damage(path: Path, thorough: bool = False) -> str | None:
     """Why the cache file cannot be trusted, or None: the header and the page count (a truncated
     file is shorter than its pages), cheap at any size; `thorough` adds SQLite's own quick check
-    of the b-trees, which reads every page (seconds for a cache of a few hundred MB)."""
+    of the b-trees, which reads every page, and every value's CRC-32 (seconds for a cache of a few
+    hundred MB)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -169,13 +195,26 @@ def cache_damage(path: Path, thorough: bool = False) -> str | None:
         db = sqlite3.connect(_read_only_uri(path), uri=True)
         try:
             verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if verdict != "ok":
+                return " ".join(verdict.split())  # SQLite's report, on one line
+            damaged = sum(1 for ns, key, value in db.execute("SELECT ns, key, value FROM kv") if not _intact(ns, key, value))
         finally:
             db.close()
-        return None if verdict == "ok" else " ".join(verdict.split())  # SQLite's report, on one line
+        return f"{damaged:,} entries fail their checksum" if damaged else None
     except sqlite3.DatabaseError as err:
         return " ".join(str(err).split())
     except OSError as err:
         return f"unreadable: {err.strerror}"
+
+
+def _intact(ns: str, key: str, value: bytes) -> bool:
+    if not isinstance(value, bytes) or not isinstance(ns, str) or not isinstance(key, str):
+        return False  # a row damaged into other types
+    try:
+        checked(ns, key, value)
+    except DamagedValue:
+        return False
+    return True
 
 
 def _readable_copy(path: Path, target: Path) -> None:
@@ -214,7 +253,8 @@ def salvage_cache(path: Path) -> tuple[Path, int]:
             try:
                 for rowid, ns, key, value in source.execute(
                         "SELECT rowid, ns, key, value FROM kv WHERE rowid > ? ORDER BY rowid", (position,)):
-                    batch.append((ns, key, value))
+                    if _intact(ns, key, value):  # an entry that fails its checksum is left behind, as unreadable
+                        batch.append((ns, key, value))
                     position, progressed = rowid, True
                     if len(batch) >= 1000:
                         rows += _put_rows(target, batch)

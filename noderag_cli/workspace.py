@@ -239,6 +239,7 @@ class GenerationWriter:
         identifies this build's contents."""
         contents = json_digest(self.files)
         manifest = {"format": GENERATION_FORMAT, "name": self.name, "contents": contents, "files": self.files, **meta}
+        manifest["checksum"] = json_digest(manifest)  # of itself: a flipped bit in a recorded checksum is found too
         atomic_write_bytes(self.folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         fsync_dir(self.folder)
         return contents
@@ -457,7 +458,7 @@ class Workspace:
         if not name or not name.isalnum():
             return None, "it names no generation"
         if not (self.generation_dir(name) / "manifest.json").is_file():
-            return None, f"it names {name}, whose manifest is missing"
+            return None, f"it names {name}, whose manifest is missing"  # named by `_no_generation`
         return name, None
 
     def current_name(self) -> str | None:
@@ -552,6 +553,12 @@ class Workspace:
                     os.close(fd)
                 raise damaged(folder / "manifest.json", self.root, f"unreadable: {err}",
                               repair_hint(self.root, self._input())) from None
+            recorded = manifest.pop("checksum", None) if isinstance(manifest, dict) else None
+            if not isinstance(manifest, dict) or (recorded is not None and recorded != json_digest(manifest)):
+                if fd is not None:
+                    os.close(fd)
+                raise damaged(folder / "manifest.json", self.root, "its checksum of itself differs",
+                              repair_hint(self.root, self._input()))
             manifest.setdefault("input", self._input())
             generation = Generation(self.root, name, folder, manifest, fd)
             try:
@@ -591,7 +598,11 @@ class Workspace:
     def _no_generation(self) -> Generation:
         _, problem = self._read_current()
         if problem:
-            raise damaged(self.root / CURRENT_FILE, self.root, problem, repair_hint(self.root, self._input()))
+            named = self.root / CURRENT_FILE
+            written = named.read_text(encoding="ascii", errors="replace").strip() if named.is_file() else ""
+            if written.isalnum() and self.generation_dir(written).is_dir():  # the build is there, its manifest not
+                named, problem = self.generation_dir(written) / "manifest.json", "missing"
+            raise damaged(named, self.root, problem, repair_hint(self.root, self._input()))
         if self.has_legacy_build():
             manifest = self.read_manifest()
             return Generation(self.root, "", self.root, {"embedding": manifest.get("embedding", {}),

@@ -16,6 +16,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -28,7 +29,7 @@ from ..engines.base import Engine
 from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
 from ..index.chunk import place_of
-from ..workspace import Generation
+from ..workspace import Generation, damaged, repair_hint
 from . import QueryError, context, rounds
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr
@@ -278,6 +279,20 @@ class Retriever:
         return exact_rows, vector_rows, entities, timings
 
     def retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
+        """The context for a question (`_retrieve`). A build is opened by its sizes only (hashing it
+        would cost what opening must not); when a search fails on what it read, the build's files
+        are checked, and a damaged one is named with its repair instead of a traceback."""
+        try:
+            return self._retrieve(question, params)
+        except (IndexError, ValueError, KeyError, OverflowError, RuntimeError, pa.ArrowException):
+            problems = [] if self.generation.legacy else self.generation.verify()
+            if problems:
+                path, _, detail = problems[0].partition(": ")
+                raise damaged(Path(path), self.generation.ws_root, detail,
+                              repair_hint(self.generation.ws_root, self.generation.manifest.get("input"))) from None
+            raise
+
+    def _retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
         params = params or self.config.search
         question = self.check_question(question)
         started = time.perf_counter()
