@@ -92,17 +92,28 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
     reporter: Reporter | None = None, stop_after: str | None = None, reading: Reading | None = None,
+    max_cost_usd: float | None = None,
 ) -> IndexResult:
     """Index (or update) WORKSPACE from every document under input_folder. `reading`, where given,
-    over the config's `chunk` settings of what to read (and kept in its snapshot).
+    over the config's `chunk` settings of what to read (and kept in its snapshot); `max_cost_usd`
+    over `llm.max_cost_usd`, for this run.
 
-    Raises InputError (bad input folder), ConfigError, WorkspaceError (path is a file, locked,
-    other embedding model, cannot be written); nothing is created before the input is checked.
+    Raises InputError (bad input folder), ConfigError, BadInputError (the estimate is over the
+    spending cap), WorkspaceError (path is a file, locked, other embedding model, cannot be
+    written), SpendingCapError (stopped at the cap, the work paid for kept); nothing is created
+    before the input is checked.
     """
     ws = Workspace(Path(workspace))
     ws.check_usable()
     check_input_folder(Path(input_folder))
     config = config or workspace_config(ws, config_path, reading)
+    if max_cost_usd is not None:
+        config = config.model_copy(update={"llm": changed(config.llm, max_cost_usd=max_cost_usd)})
+    cap = None
+    if config.llm.max_cost_usd is not None:
+        from .estimate import spending_cap
+
+        cap = spending_cap(ws, Path(input_folder), config)  # before anything is changed: refused runs change nothing
     with ws.lock():
         aside = ws.set_aside_manifest()
         if aside is not None:
@@ -115,22 +126,25 @@ def index(
         if problem:
             _salvage_damaged_cache(ws, problem, reporter)
         try:
-            return _run_index(ws, Path(input_folder), config, reporter, stop_after)
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap)
         except sqlite3.DatabaseError as err:  # found damaged while the run read it: salvaged, then one more go
             _salvage_damaged_cache(ws, str(err), reporter)
         try:
-            return _run_index(ws, Path(input_folder), config, reporter, stop_after)
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap)
         except sqlite3.DatabaseError as err:
             raise WorkspaceError(f"workspace file {ws.cache_path} is still unusable after salvage ({err}); "
                                  "move it aside and run `noderag index` again") from err
 
 
 def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Reporter | None,
-               stop_after: str | None) -> IndexResult:
+               stop_after: str | None, cap=None) -> IndexResult:
     executor = make_executor(config.executor)
     try:
         embedder = Embedder(config.embedding, ws.cache, executor)
+        embedder.cap = cap
         engine = make_engine(config, ws.cache, embedder, executor)
+        if cap is not None and hasattr(engine, "transport"):
+            engine.transport.cap = cap
         return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
@@ -394,14 +408,16 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
-         reading: Reading | None = None) -> dict:
+         reading: Reading | None = None, max_cost_usd: float | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
     pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
-    and cost."""
+    and cost, and whether they fit in the spending cap."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
     config = workspace_config(ws, config_path, reading)
+    if max_cost_usd is not None:
+        config = config.model_copy(update={"llm": changed(config.llm, max_cost_usd=max_cost_usd)})
     files = scan(Path(input_folder), config.chunk)
     readable = [f for f in files if not f.reason]
     changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
@@ -434,6 +450,9 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
         from .estimate import estimate_llm
 
         result["llm"] = estimate_llm(ws, Path(input_folder), config)
+        limit, estimate = config.llm.max_cost_usd, result["llm"]["total"]["cost_usd"]
+        if limit is not None:
+            result["llm"]["spending_cap"] = {"limit_usd": limit, "fits": None if estimate is None else estimate <= limit}
     ws.close()
     return result
 

@@ -51,7 +51,7 @@ class Cache:
         self._lock = threading.Lock()
         self._touched: dict[str, set[str]] | None = None  # keys asked for or written while recording
         if read_only:
-            self._db = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False, isolation_level=None)
             return
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -159,7 +159,7 @@ class Cache:
             self._db.close()
 
 
-def _read_only_uri(path: Path) -> str:
+def read_only_uri(path: Path) -> str:
     """An SQLite URI that reads `path` without writing anything beside it. Immutable (no -wal/-shm
     file created, no lock taken) is right only when every write is in the main file; a -wal with
     content (a writer running, or killed) is read with ordinary read-only locking instead."""
@@ -192,7 +192,7 @@ def cache_damage(path: Path, thorough: bool = False) -> str | None:
             return f"truncated: {size:,} bytes of {pages * page_size:,}"
         if not thorough:
             return None
-        db = sqlite3.connect(_read_only_uri(path), uri=True)
+        db = sqlite3.connect(read_only_uri(path), uri=True)
         try:
             verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
             if verdict != "ok":

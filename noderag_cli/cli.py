@@ -122,9 +122,14 @@ def _options(
     Runs offline by default; LLM engines through litellm by config."""
 
 
+_LINE_BREAKS_JSON_KEEPS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _print_json(payload, indent: int | None = 2) -> None:
-    """JSON on stdout, as is (never through Rich, which would render markup or emoji codes in it)."""
-    sys.stdout.write(json.dumps(payload, ensure_ascii=False, indent=indent) + "\n")
+    """JSON on stdout, as is (never through Rich, which would render markup or emoji codes in it).
+    The line breaks json leaves raw are escaped so that one record stays one line for any reader."""
+    text = json.dumps(payload, ensure_ascii=False, indent=indent).translate(_LINE_BREAKS_JSON_KEEPS)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -280,6 +285,10 @@ def index(
         help="do not read files matching a pattern (repeatable); kept in the workspace's config")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what a run would read, do and cost, change "
                                                             "nothing")] = False,
+    max_cost: Annotated[float | None, typer.Option(
+        "--max-cost", metavar="USD", show_default=False,
+        help="spending cap of this run (over llm.max_cost_usd): a run estimated over it does not start (exit 2); "
+             "one that reaches it stops with its paid work kept (exit 1), and a rerun with a higher cap goes on")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Index every document under FOLDER into WORKSPACE; resumes and updates incrementally."""
@@ -288,7 +297,7 @@ def index(
     _json_mode(as_json)
     reading = api.Reading(follow_symlinks, include, exclude)
     if dry_run:
-        plan = _run(lambda: api.plan(workspace, input, config_path=config, reading=reading))
+        plan = _run(lambda: api.plan(workspace, input, config_path=config, reading=reading, max_cost_usd=max_cost))
         if as_json:
             _print_json(plan)
         else:
@@ -296,7 +305,8 @@ def index(
         return
     with _bars() as bars:
         reporter = RichReporter(bars) if bars is not None else LineReporter()
-        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter, reading=reading))
+        result = _run(lambda: api.index(workspace, input, config_path=config, reporter=reporter, reading=reading,
+                                        max_cost_usd=max_cost))
     if as_json:
         _print_json({"workspace": str(workspace), **result.as_dict()})
     else:
@@ -353,6 +363,11 @@ def _print_plan(plan: dict) -> None:
         table.add_row("total", str(llm["total"]["calls"]), str(llm["total"]["input_tokens"]),
                       str(llm["total"]["output_tokens"]), llm["total"]["cost"])
         out.print(table)
+        cap = llm.get("spending_cap")
+        if cap is not None:
+            verdict = {True: "the estimate fits", False: "the estimate is over it: the run would not start",
+                       None: "the model has no price: set llm.price_per_million_tokens"}[cap["fits"]]
+            out.print(f"spending cap ${cap['limit_usd']:.4f}: {verdict}")
 
 
 def _answer_lines(session, questions: Path, items: list, answer: bool, params) -> int:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .cache import CACHE_TABLE, cache_damage
+from .cache import CACHE_TABLE, cache_damage, read_only_uri
 from .engines.llm import CACHE_NS as LLM_NS
 from .index.pipeline import STAGES
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
@@ -69,7 +69,7 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
     path = ws.cache_path
     before = _size(path) + _size(path.with_name(path.name + "-wal"))
     wanted = "EXISTS (SELECT 1 FROM live WHERE live.ns = kv.ns AND live.key = kv.key)"
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None) if dry_run else \
+    db = sqlite3.connect(read_only_uri(path), uri=True, isolation_level=None) if dry_run else \
         sqlite3.connect(path, isolation_level=None)
     fresh = path.with_name(f".{path.name}.gc.tmp")
     try:

@@ -47,6 +47,19 @@ class GraphConfig(_Section):
     attribute_max_tokens: int = Field(2000, ge=100, description="S and R text shown per entity attribute")
 
 
+class Price(_Section):
+    """USD per million tokens: for a model litellm's local price table does not know, or to
+    override it (a negotiated rate, a local server's running cost)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(0.0, ge=0)
+
+
+COST_ONLY = {"price_per_million_tokens"}
+"""Settings that change what a run is said to cost, never what it builds: left out of the
+stages' fingerprints."""
+
+
 class EmbeddingConfig(_Section):
     backend: Literal["wordllama", "litellm"] = "wordllama"
     model: str = "l2_supercat"
@@ -54,6 +67,9 @@ class EmbeddingConfig(_Section):
     batch_size: int = Field(512, ge=1, description="texts per embedding request (litellm backend)")
     api_base: str | None = None
     api_key_env: str | None = None
+    price_per_million_tokens: Price | None = Field(None, description="what a litellm embedding model's tokens cost, "
+                                                   "over litellm's price table (needed for a spending cap on a model "
+                                                   "the table does not price)")
 
 
 class SimilarityConfig(_Section):
@@ -89,6 +105,13 @@ class LLMConfig(_Section):
                                 "built-ins (`noderag init WS --prompts` writes them to start from); relative to this file")
     grounding: bool = Field(True, description="keep only the names, relationships, units and summaries a reply's "
                             "input supports, and retry replies that echo the prompt's example (engines/grounding.py)")
+    max_cost_usd: float | None = Field(
+        None, gt=0, description="spending cap of one index run (LLM and embedding calls): a run whose estimate is "
+        "over it does not start, and one whose spend would pass it stops, its work kept for the next run; "
+        "`index --max-cost` sets it for one run")
+    price_per_million_tokens: Price | None = Field(
+        None, description="what the model's input and output tokens cost, over litellm's price table; a cap on a "
+        "model the table does not price needs it")
 
 
 class SearchConfig(_Section):

@@ -24,7 +24,7 @@ import numpy as np
 from . import nlp
 from .cache import Cache
 from .config import EmbeddingConfig
-from .errors import ConfigError, EngineError
+from .errors import ConfigError, EngineError, SpendingCapError
 from .executor import Executor
 from .ivf import in_parallel, on_stored_grid
 
@@ -130,14 +130,15 @@ def remote_transport(config: EmbeddingConfig):
     from .limiter import SlidingWindowLimiter
 
     return Transport(config.model, setting="embedding", api_base=config.api_base, api_key_env=config.api_key_env,
-                     stats=EngineStats(), limiter=SlidingWindowLimiter(None, None), **REMOTE)
+                     stats=EngineStats(), limiter=SlidingWindowLimiter(None, None),
+                     price=config.price_per_million_tokens, **REMOTE)
 
 
 def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.ndarray:
     """Vectors of `texts` from a model behind litellm, `config.batch_size` texts per request, as
     the model gives them (not normalised); EngineError (one line) when the model cannot be asked
     or gives vectors of another dimension than `config.dim`."""
-    from .engines.transport import _CallFailed, load_litellm
+    from .engines.transport import CAP_REACHED, _CallFailed, load_litellm
 
     auth = transport.auth()  # a missing key or an unroutable model, before any request
     lt = load_litellm()
@@ -162,6 +163,8 @@ def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.n
     try:
         return np.concatenate(transport.run(run))
     except _CallFailed as err:
+        if err.category == CAP_REACHED:
+            raise SpendingCapError(transport.cap.stopped_message()) from None
         raise EngineError(f"embedding with {config.model} at {transport.where()} failed: "
                           f"{transport.safe(str(err))}") from None
 
@@ -177,6 +180,7 @@ class Embedder:
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
         self._transport = None  # to a model behind litellm, made on its first request
+        self.cap = None  # the run's spending cap (engines/transport.SpendingCap), for a model behind litellm
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
 
     @property
@@ -187,6 +191,7 @@ class Embedder:
         if self.config.backend == "litellm":
             if self._transport is None:
                 self._transport = remote_transport(self.config)
+                self._transport.cap = self.cap
             return remote_vectors(self._transport, texts, self.config)
         return mean_pool(load_model(self.config), texts)
 

@@ -34,6 +34,11 @@ class AblationInputError(BadInputError):
     """Bad input to an ablation run (unknown strategy, bad budget, unusable output folder...)."""
 
 
+class SpendingCapError(NoderagError, RuntimeError):
+    """A run stopped at its spending cap: what it paid for is kept (cached) and the next run with a
+    raised cap goes on from there (exit 1, like a run with failed items)."""
+
+
 class WorkspaceError(NoderagError, RuntimeError):
     """A workspace that cannot be used as asked (locked, not indexed, damaged, wrong model...): exit 3."""
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from .config import Config, EmbeddingConfig
 from .embeddings import Embedder
 from .engines.offline import OfflineEngine
+from .engines.transport import SpendingCap
+from .errors import BadInputError
 from .executor import Executor
 from .graph import EMBEDDED_TYPES
 from .index.pipeline import run_pipeline
@@ -72,7 +74,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
 
     engine = llm.LiteLLMEngine(config.llm, cache) if cache is not None else None
     tasks = {}
-    for task, items in recorder.seen.items():
+    for task, items in recorder.seen.items() if config.llm.engine == "litellm" else ():
         items = _unique(items)
         if engine is not None:
             keys = [engine.request_key(task, engine.prompts.messages(task, item)) for item in items]
@@ -82,7 +84,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
             if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
         tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
-    priced = pricing.estimate_cost(config.llm.model, tasks)
+    priced = pricing.estimate_cost(config.llm.model, tasks, config.llm.price_per_million_tokens)
     if config.embedding.backend == "litellm":
         embedder = Embedder(config.embedding, cache)
         keys = [embedder.cache_key(text) for text in embedded]
@@ -90,7 +92,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         texts = [text for text, key in zip(embedded, keys, strict=True) if key not in cached]
         tokens = int(sum(count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
         batch = config.embedding.batch_size
-        cost = pricing.price_of(config.embedding.model, tokens, 0)
+        cost = pricing.price_of(config.embedding.model, tokens, 0, config.embedding.price_per_million_tokens)
         priced["tasks"]["embedding"] = {"calls": -(-len(texts) // batch), "input_tokens": tokens, "output_tokens": 0,
                                         "cost_usd": cost}
         priced["total"]["calls"] += priced["tasks"]["embedding"]["calls"]
@@ -108,7 +110,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         "method": "offline-engine pass over the corpus; decomposition exact, later stages from the offline graph",
         "tasks": {task: {**{k: row[k] for k in ("calls", "input_tokens", "output_tokens")}, "cost": money(row["cost_usd"])}
                   for task, row in priced["tasks"].items()},
-        "total": {**{k: priced["total"][k] for k in ("calls", "input_tokens", "output_tokens")},
+        "total": {**{k: priced["total"][k] for k in ("calls", "input_tokens", "output_tokens", "cost_usd")},
                   "cost": money(priced["total"]["cost_usd"])},
         "note": priced.get("note", ""),
     }
@@ -131,3 +133,36 @@ def _embedded_texts(scratch: Workspace, recorder: _RecordingEngine) -> list[str]
 def _unique(items: list) -> list:
     """Each distinct task input once (a chunk shared by two documents is one call)."""
     return list({repr(item): item for item in items}.values())
+
+
+def spending_cap(ws: Workspace, input_folder: Path, config: Config) -> SpendingCap | None:
+    """The run's spending cap (`llm.max_cost_usd`) for the transports to enforce, once the run's
+    estimate is known to fit in it. BadInputError (the run does not start) when a paid model has no
+    price to count with, or when the estimate is over the cap. None without a cap or a paid model."""
+    from .engines import pricing
+
+    limit = config.llm.max_cost_usd
+    paid = [(section, getattr(config, section)) for section, backend in
+            (("llm", config.llm.engine), ("embedding", config.embedding.backend)) if backend == "litellm"]
+    if limit is None or not paid:
+        return None
+    for section, settings in paid:
+        if pricing.price_of(settings.model, 1000, 1000, settings.price_per_million_tokens) is None:
+            raise BadInputError(f"a spending cap needs the price of {settings.model}, which litellm's price table "
+                                f"does not have: set {section}.price_per_million_tokens (input and output, USD)")
+    estimate = estimate_llm(ws, input_folder, config)["total"]["cost_usd"]
+    if estimate > limit:
+        raise BadInputError(f"this run is estimated at ${estimate:.4f}, over the spending cap of ${limit:.4f} "
+                            f"(llm.max_cost_usd): raise it with --max-cost {_round_up(estimate * 1.3)}, or see the "
+                            "estimate with --dry-run")
+    return SpendingCap(limit)
+
+
+def _round_up(usd: float) -> str:
+    """A cap to suggest: two significant figures, rounded up."""
+    import math
+
+    if usd <= 0:
+        return "0.01"
+    step = 10 ** (math.floor(math.log10(usd)) - 1)
+    return f"{math.ceil(usd / step) * step:.{max(0, -math.floor(math.log10(step)))}f}"

@@ -231,6 +231,22 @@ def test_the_connection_check_is_retried_like_any_request(small, tmp_path):
         assert [r.status for r in checks] == [503, 500, 200]
 
 
+def test_every_429_of_a_run_is_counted_the_connection_checks_too(small, tmp_path):
+    from llm_support.fault_server import FaultServer
+
+    folder, _ = small
+    with FaultServer(default="good") as server:
+        server.script(["429:1", "429:1"], marker="Reply with the word OK")
+        server.script(["429:1", "429:1", "429:1"], marker="Maritime")  # task requests
+        config = tmp_path / "llm.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        run = index(tmp_path / "ws", folder, "--config", config)
+        scripted = sum(r.status == 429 for r in server.completions())
+    assert scripted == 5
+    assert json.loads(run.stdout)["rate_limited"]["waits"] == 5
+
+
 def test_outputs_never_land_inside_a_workspace(small, tmp_path):
     _, pristine = small
     ws = copy_workspace(pristine, tmp_path / "ws")
@@ -259,11 +275,23 @@ def test_question_files_split_lines_on_newlines_only(small, tmp_path):
 
 def test_a_folder_nested_a_thousand_deep_is_read(tmp_path):
     folder = tmp_path / "docs"
-    deep = folder.joinpath(*["n"] * 990)
-    deep.mkdir(parents=True)
-    (deep / "deep.md").write_text("# Deep\n\nThe deepest note says the ferry leaves at noon.\n")
-    run = index(tmp_path / "ws", folder)
-    assert "Traceback" not in run.stderr
+    deep = str(folder)  # deeper than Python's recursion limit, under PATH_MAX
+    for _ in range(990):  # a loop: os.makedirs and Path.mkdir(parents=True) recurse
+        os.mkdir(deep)
+        deep = os.path.join(deep, "n")
+    os.mkdir(deep)
+    with open(os.path.join(deep, "deep.md"), "w") as note:
+        note.write("# Deep\n\nThe deepest note says the ferry leaves at noon.\n")
+    try:
+        run = index(tmp_path / "ws", folder)
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        answer = json.loads(noderag("query", tmp_path / "ws", "When does the ferry leave?", "--json").stdout)
+        assert "noon" in answer["answer"]
+    finally:  # pytest's own clean-up (shutil.rmtree) recurses too
+        os.remove(os.path.join(deep, "deep.md"))
+        while deep != str(folder):
+            os.rmdir(deep)
+            deep = os.path.dirname(deep)
 
 
 def test_usage_errors_are_one_line(small):
@@ -279,11 +307,12 @@ def test_usage_errors_are_one_line(small):
 def test_gc_dry_run_writes_nothing(small, tmp_path):
     _, pristine = small
     ws = copy_workspace(pristine, tmp_path / "ws")
-    before = {p: p.stat().st_mtime_ns for p in ws.rglob("*")}
     with api.Workspace(ws).lock():  # an index run holds the workspace: a dry run still answers
+        before = {p: p.stat().st_mtime_ns for p in ws.rglob("*")}
         run = noderag("gc", ws, "--dry-run")
+        after = {p: p.stat().st_mtime_ns for p in ws.rglob("*")}
     assert run.returncode == 0, run.stderr
-    assert {p: p.stat().st_mtime_ns for p in ws.rglob("*")} == before
+    assert after == before
 
 
 def test_control_characters_reach_a_terminal_escaped(tmp_path):

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..cache import Cache
 from ..config import LLMConfig
-from ..errors import ConfigError, EngineError
+from ..errors import ConfigError, EngineError, SpendingCapError
 from ..limiter import SlidingWindowLimiter
 from . import grounding, prompts
 from .base import (
@@ -164,7 +164,7 @@ class LiteLLMEngine:
             retries=config.retries, rate_limit_wait=config.rate_limit_wait_seconds, timeout=config.timeout_seconds,
             concurrency=config.concurrency, stats=self.stats, context_window=config.context_window,
             limiter=limiter or SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute, window_seconds),
-            backoff_base=backoff_base, backoff_max=backoff_max)
+            backoff_base=backoff_base, backoff_max=backoff_max, price=config.price_per_million_tokens)
         self.check_before_first_call = False  # `check_connection` before the first request (the CLI's runs)
         self._connection_checked = False
         self._structured = "json_schema" if config.structured_output else "none"
@@ -206,8 +206,10 @@ class LiteLLMEngine:
                 num_retries=0, max_retries=0, drop_params=True, **auth,
             )
 
+        attempts = TaskStats()  # its calls are not the task's; its 429 waits are the run's
+
         async def probe(_report):  # the one retry path of every request: a 5xx or a stall is tried again
-            return await self.transport.send(TaskStats(), CHECK_TOKENS, call)
+            return await self.transport.send(attempts, CHECK_TOKENS, call)
 
         stats = self.stats.task(task)
         stats.connection_checks += 1
@@ -222,6 +224,9 @@ class LiteLLMEngine:
             if err.category == "connection error":
                 raise EngineError(f"cannot reach the LLM server at {where}: {detail}") from None
             raise EngineError(f"test call to {self.model} at {where} failed: {detail}") from None
+        finally:
+            stats.rate_limit_waits += attempts.rate_limit_waits
+            stats.rate_limit_seconds += attempts.rate_limit_seconds
         self.transport.account(stats, response)
 
     # -- public task methods -----------------------------------------------------------
@@ -312,10 +317,14 @@ class LiteLLMEngine:
         if self.check_before_first_call and not self._connection_checked:
             self.check_connection(task)
         auth = self.transport.auth()  # before any call: missing key / unroutable model
-        if self.executor is not None and hasattr(self.executor, "shared_limiter"):
+        if self.executor is not None and hasattr(self.executor, "shared_limiter") and self.transport.cap is None:
+            # (under a spending cap every request is sent from here, where the cap is checked per request)
             return self._batch_on_cluster(task, items, lookup, progress)
         load_litellm()
-        return self.transport.run(lambda report: self._abatch(task, lookup, auth, report), progress)
+        results = self.transport.run(lambda report: self._abatch(task, lookup, auth, report), progress)
+        if self.transport.cap is not None and self.transport.cap.refused:
+            raise SpendingCapError(self.transport.cap.stopped_message())  # after every reply in flight was kept
+        return results
 
     def _lookup(self, task: str, items: list) -> _Lookup:
         """The items' requests, what the cache already holds (counted as hits), and the rest by key

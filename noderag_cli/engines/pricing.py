@@ -7,6 +7,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from ..config import Price
 from . import prompts
 
 
@@ -20,12 +21,15 @@ _UNPRICED: set[str] = set()
 """Models litellm's local price table has no price for (the table does not change during a run)."""
 
 
-def price_of(model: str, input_tokens: int, output_tokens: int) -> float | None:
-    """USD for the tokens from litellm's local price table; None when the model has no price.
+def price_of(model: str, input_tokens: int, output_tokens: int, price: Price | None = None) -> float | None:
+    """USD for the tokens: at `price` (the config's, per million tokens) when given, else from
+    litellm's local price table; None when neither prices the model.
 
     The lookup costs about 0.1 ms, so a model found without a price is remembered as such and
     the prices of recent (model, tokens) triples are reused.
     """
+    if price is not None:
+        return (input_tokens * price.input + output_tokens * price.output) / 1e6
     if model in _UNPRICED:
         return None
     cost = _price(model, int(input_tokens), int(output_tokens))
@@ -119,7 +123,7 @@ def prompt_tokens_for(task: str, inputs: Sequence[Any], model: str = "gpt-4o-min
     return [count_tokens(model, prompt_set.messages(task, item)) for item in inputs]
 
 
-def estimate_cost(model: str, calls_by_task: dict[str, tuple[int, int, int]]) -> dict:
+def estimate_cost(model: str, calls_by_task: dict[str, tuple[int, int, int]], price: Price | None = None) -> dict:
     """Cost of a planned run from litellm's local price table.
 
     `calls_by_task` maps a task to (calls, input tokens, output tokens). Returns
@@ -127,11 +131,11 @@ def estimate_cost(model: str, calls_by_task: dict[str, tuple[int, int, int]]) ->
     "cost_usd"}}, "total": {... same ...}, "note"}; when the model has no price every cost_usd
     is None and note is "unknown price".
     """
-    known = price_of(model, 1000, 1000) is not None
+    known = price_of(model, 1000, 1000, price) is not None
     tasks: dict[str, dict] = {}
     total = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0 if known else None}
     for task, (calls, input_tokens, output_tokens) in calls_by_task.items():
-        cost = price_of(model, input_tokens, output_tokens) if known else None
+        cost = price_of(model, input_tokens, output_tokens, price) if known else None
         tasks[task] = {"calls": int(calls), "input_tokens": int(input_tokens),
                        "output_tokens": int(output_tokens), "cost_usd": cost}
         total["calls"] += int(calls)

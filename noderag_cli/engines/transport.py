@@ -14,7 +14,10 @@ connection check):
   logged ("noderag.llm") and shown through `notice`; timeouts, connection errors and 5xx use
   `retries` attempts with backoff; a rejected key or an unknown model stops with `EngineError`;
 - accounting per task (`TaskStats`): calls sent, tokens from each response's usage, cost from
-  litellm's local price table (`pricing.py`; an unpriced model sets `price_known = False`).
+  the config's price or litellm's local price table (`pricing.py`; an unpriced model sets
+  `price_known = False`);
+- the run's spending cap (`SpendingCap`, shared by a run's transports): a request is sent only
+  when its worst-case cost fits in what the cap leaves.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
+from ..config import Price
 from ..errors import EngineError
 from ..limiter import SlidingWindowLimiter
 from .base import Advance, EngineStats, TaskStats
@@ -318,6 +322,45 @@ class _Policy:
         return min(asked, max(self.backoff_max, 120.0)) + random.uniform(0, 0.05 + 0.05 * asked)
 
 
+# --------------------------------------------------------------------------- spending cap
+CAP_REACHED = "spending cap"
+"""The failure category of a request not sent because it could pass the cap."""
+
+
+class SpendingCap:
+    """What one run may spend, shared by its transports. A request reserves its worst-case cost
+    before it is sent and is charged what it cost when it returns, so the spend never passes the
+    limit: requests already in flight finish (and are cached), the next ones are refused."""
+
+    def __init__(self, limit_usd: float):
+        self.limit_usd = limit_usd
+        self.spent_usd = 0.0
+        self._reserved = 0.0
+        self.refused = 0  # requests not sent: the run stops once its in-flight work is kept
+        self._lock = threading.Lock()
+
+    def reserve(self, bound_usd: float) -> bool:
+        with self._lock:
+            if self.spent_usd + self._reserved + bound_usd > self.limit_usd:
+                self.refused += 1
+                return False
+            self._reserved += bound_usd
+            return True
+
+    def release(self, bound_usd: float) -> None:
+        with self._lock:
+            self._reserved -= bound_usd
+
+    def charge(self, cost_usd: float) -> None:
+        with self._lock:
+            self.spent_usd += cost_usd
+
+    def stopped_message(self) -> str:
+        return (f"stopped at the spending cap: spent ${self.spent_usd:.4f} of ${self.limit_usd:.4f}, and the next "
+                "request could pass it; what was paid for is kept: run `noderag index` again with a higher "
+                "--max-cost (or llm.max_cost_usd) to go on")
+
+
 # --------------------------------------------------------------------------- routing
 def _refuses_connections(api_base: str | None) -> None:
     """EngineError when the server at api_base refuses a TCP connection (nothing listens there):
@@ -362,7 +405,7 @@ class Transport:
     def __init__(self, model: str, *, setting: str, api_base: str | None, api_key_env: str | None,
                  retries: int, rate_limit_wait: float, timeout: float, concurrency: int,
                  limiter: SlidingWindowLimiter, stats: EngineStats, context_window: int | None = None,
-                 backoff_base: float = 1.0, backoff_max: float = 60.0):
+                 backoff_base: float = 1.0, backoff_max: float = 60.0, price: Price | None = None):
         self.model = model
         self.setting = setting
         self.api_base = api_base
@@ -374,8 +417,10 @@ class Transport:
         self.stats = stats
         self.policy = _Policy(retries, rate_limit_wait, backoff_base, backoff_max)
         self.notice: Callable[[str], None] | None = None  # where waits on the server are shown (the CLI's progress)
+        self.price = price  # the config's, over litellm's table
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
+        self.cap: SpendingCap | None = None  # the run's, set by the run
         self._last_notice = float("-inf")
         self._semaphore: asyncio.Semaphore | None = None
         self._provider: str | None = None
@@ -438,14 +483,19 @@ class Transport:
         waited = 0.0
         while True:
             async with self._semaphore:
-                reservation = await self.limiter.acquire(tokens)
-                stats.calls += 1
+                bound = self._reserve(tokens)
                 try:
-                    response = await asyncio.wait_for(call(), self.timeout + 10)
-                except Exception as err:  # classified below; anything unknown becomes an item failure
-                    error: Exception | None = err
-                else:
-                    error = None
+                    reservation = await self.limiter.acquire(tokens)
+                    stats.calls += 1
+                    try:
+                        response = await asyncio.wait_for(call(), self.timeout + 10)
+                    except Exception as err:  # classified below; anything unknown becomes an item failure
+                        error: Exception | None = err
+                    else:
+                        error = None
+                finally:
+                    if self.cap is not None:
+                        self.cap.release(bound)
             if error is None:
                 in_tok, out_tok = self.account(stats, response)
                 self.limiter.settle(reservation, in_tok + out_tok or tokens)
@@ -487,6 +537,16 @@ class Transport:
             _log.info("%s from %s, retry %d in %.1f s", category, self.model, attempts, delay)
             await asyncio.sleep(delay)
 
+    def _reserve(self, tokens: int) -> float:
+        """The worst-case cost of a request of at most `tokens` tokens, reserved on the cap
+        (every token priced as the dearer of input and output); `_CallFailed` when it does not fit."""
+        if self.cap is None:
+            return 0.0
+        bound = max(price_of(self.model, tokens, 0, self.price) or 0.0, price_of(self.model, 0, tokens, self.price) or 0.0)
+        if not self.cap.reserve(bound):
+            raise _CallFailed(CAP_REACHED, f"${self.cap.spent_usd:.4f} of ${self.cap.limit_usd:.4f} spent")
+        return bound
+
     def _waiting(self, stats: TaskStats, delay: float) -> None:
         """Count, log and show one wait on a 429 (shown at the first and then every NOTICE_SECONDS)."""
         stats.rate_limit_waits += 1
@@ -506,11 +566,13 @@ class Transport:
         out_tok = int(getattr(usage, "completion_tokens", 0) or 0)
         stats.input_tokens += in_tok
         stats.output_tokens += out_tok
-        cost = price_of(self.model, in_tok, out_tok)
+        cost = price_of(self.model, in_tok, out_tok, self.price)
         if cost is None:
             self.price_known = False
         else:
             stats.cost_usd += cost
+            if self.cap is not None:
+                self.cap.charge(cost)
             if self.price_known is None:
                 self.price_known = True
         return in_tok, out_tok

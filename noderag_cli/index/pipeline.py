@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import ivf, readers
-from ..config import Config, config_to_yaml
+from ..config import COST_ONLY, Config, config_to_yaml
 from ..embeddings import Embedder
 from ..engines.base import Engine, EngineStats
 from ..errors import WorkspaceError
@@ -326,7 +326,7 @@ def _settings(config: Config, engine_identity: dict, stage: Stage) -> dict:
         elif name == "readers":  # the library versions that decide the text of the formats it reads
             sections[name] = readers.identity(config.chunk.extensions)
         else:
-            sections[name] = getattr(config, name).model_dump(mode="json")
+            sections[name] = getattr(config, name).model_dump(mode="json", exclude=COST_ONLY)
     return sections
 
 

@@ -22,6 +22,8 @@ Actions (strings):
     python           a good reply written as a Python literal (single quotes)
     refuse_schema    400 "response_format json_schema not supported" when the request asks for
                      json_schema, else good
+    reasoning:N      a rich reply that bills N hidden reasoning tokens more in its usage (as reasoning
+                     models do: a run costs more than its estimate)
     rich             replies as a compliant model would shape them: a decomposition with a unit per
                      sentence and its capitalised words as entities; an attribute summary made of the
                      statements up to the prompt's 150 words; up to 5 community elements, each a
@@ -313,6 +315,9 @@ class FaultServer:
                 return 400, {"error": {"message": "response_format json_schema is not supported",
                                        "type": "invalid_request_error"}}, {}
             kind = "good"
+        hidden = 0
+        if kind == "reasoning":
+            hidden, kind = int(arg or 1000), "rich"
         if path.rstrip("/").endswith("/embeddings"):
             return self._embeddings(body)
         if kind == "good" and self.upstream:
@@ -334,6 +339,8 @@ class FaultServer:
         if content is None:
             return 500, {"error": {"message": f"unknown scripted action {action!r}"}}, {}
         usage = _usage(body, content)
+        usage["completion_tokens"] += hidden
+        usage["total_tokens"] += hidden
         return 200, {
             "id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fault-model"),
