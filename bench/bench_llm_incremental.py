@@ -84,6 +84,7 @@ def measure(data: Path, work: Path) -> tuple[list[str], bool]:
         "|---|---:|---:|---:|---:|",
         *(row(f"{task} calls", lambda s, t=task: sum(x[0] == t for x in s)) for task in TASKS),
         row("all LLM calls", len),
+        *(row(f"{task} tokens", lambda s, t=task: sum(x[2] for x in s if x[0] == t)) for task in TASKS),
         row("tokens (prompt + completion)", lambda s: sum(x[2] for x in s)),
         f"| process wall time (s) | {walls['fresh']:.1f} | {walls['base']:.1f} | {walls['update']:.1f} | "
         f"{walls['update'] / walls['fresh']:.1%} |",

@@ -55,9 +55,9 @@ class Price(_Section):
     output: float = Field(0.0, ge=0)
 
 
-COST_ONLY = {"price_per_million_tokens"}
-"""Settings that change what a run is said to cost, never what it builds: left out of the
-stages' fingerprints."""
+COST_ONLY = {"price_per_million_tokens", "max_cost_usd"}
+"""Settings that change what a run costs or may spend, never what it builds: left out of the
+stages' fingerprints and of a build's config."""
 
 
 class EmbeddingConfig(_Section):
@@ -221,10 +221,11 @@ def load_config(path: Path | None = None) -> Config:
 
 def config_to_yaml(config: Config, build: bool = False, commented: bool = False) -> str:
     """The effective config as written into a workspace. Holds env var names, never their values.
-    `build`: as a build carries it, without where its work ran (`executor`), which changes nothing
-    in it. `commented`: every setting on its own line with what it means and, where the value is
+    `build`: as a build carries it, without where its work ran (`executor`) and what it cost
+    (`COST_ONLY`), which change nothing in it. `commented`: every setting on its own line with what it means and, where the value is
     not the default, the default (for people who edit it; `noderag init` and the workspace's copy)."""
-    data = config.model_dump(mode="json", exclude={"executor"} if build else None)
+    data = config.model_dump(mode="json", exclude={"executor": True, "llm": COST_ONLY, "embedding": COST_ONLY}
+                             if build else None)
     if not commented:
         return yaml.safe_dump(data, sort_keys=False)
     defaults = Config().model_dump(mode="json")

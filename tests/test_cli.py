@@ -277,13 +277,12 @@ def test_init_writes_every_setting_and_the_next_index_uses_it(tmp_path):
 
 def cache_values(workspace: Path) -> list[bytes]:
     import sqlite3
-    import zlib
 
-    from noderag_cli.cache import COMPRESSED
+    from noderag_cli.cache import Cache
 
     with sqlite3.connect(workspace / "cache.sqlite") as db:
-        values = [row[0] for row in db.execute("SELECT value FROM kv")]
-    return [zlib.decompress(v[len(COMPRESSED):]) if v.startswith(COMPRESSED) else v for v in values]
+        rows = db.execute("SELECT ns, key, value FROM kv").fetchall()
+    return [Cache._unpacked(ns, key, value) for ns, key, value in rows]
 
 
 def test_gc_removes_a_deleted_documents_entries_and_the_next_index_repays_nothing(tmp_path):

@@ -422,6 +422,7 @@ class Transport:
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
         self.cap: SpendingCap | None = None  # the run's, set by the run
         self._last_notice = float("-inf")
+        self._waits = 0  # every 429 waited out, the connection check's too
         self._semaphore: asyncio.Semaphore | None = None
         self._provider: str | None = None
 
@@ -551,8 +552,8 @@ class Transport:
         """Count, log and show one wait on a 429 (shown at the first and then every NOTICE_SECONDS)."""
         stats.rate_limit_waits += 1
         stats.rate_limit_seconds += delay
-        waits = sum(s.rate_limit_waits for s in self.stats.by_task.values())
-        message = f"rate-limited by the server, waiting {delay:.0f} s; {waits} wait(s) so far"
+        self._waits += 1
+        message = f"rate-limited by the server, waiting {delay:.0f} s; {self._waits} wait(s) so far"
         _log.info("%s (%s)", message, self.model)
         now = time.monotonic()
         if self.notice is not None and now - self._last_notice >= self.NOTICE_SECONDS:
