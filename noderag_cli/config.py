@@ -45,6 +45,10 @@ class GraphConfig(_Section):
     leiden_resolution: float = Field(1.0, gt=0)
     max_community_tokens: int = Field(3000, ge=100, description="text of a community shown to the engine")
     attribute_max_tokens: int = Field(2000, ge=100, description="S and R text shown per entity attribute")
+    summary_leaf_tokens: int = Field(
+        500, ge=50, description="an attribute or a community's elements are written in parts of about this much "
+        "text, then from the parts' summaries, so an update rewrites only the parts whose texts changed "
+        "(index/summaries.py); at least attribute_max_tokens and max_community_tokens: one request each, the paper")
 
 
 class Price(_Section):

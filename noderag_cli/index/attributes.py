@@ -18,6 +18,7 @@ import pyarrow as pa
 from .. import nlp
 from ..engines.base import AttributeInput, Engine, Failure
 from ..graph import Graph, NodeSet, attribute_id, make_edges
+from . import summaries
 
 
 def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
@@ -109,10 +110,11 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
 
 
 def run(
-    nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int,
+    nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int, leaf_tokens: int,
     progress: Callable[[int], None] | None = None, count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
 ) -> tuple[pa.Table, pa.Table, dict[str, str]]:
-    """A nodes, A-N edges and failures per entity id. Reads the `tokens` column of `nodes`."""
+    """A nodes, A-N edges and failures per entity id. Reads the `tokens` column of `nodes`. An
+    attribute is written in parts of about `leaf_tokens` (index/summaries.py)."""
     graph = Graph.from_tables(nodes, edges)
     chosen = important_entities(graph, pivots, seed)
     texts = nodes["text"].to_pylist()
@@ -129,7 +131,14 @@ def run(
         picked = [j for j, k in zip(neighbours, keep, strict=True) if k] or neighbours[:1]
         items.append(AttributeInput(entity=names[i] or texts[i], texts=tuple(texts[j] for j in picked)))
         sources.append((i, picked))
-    results = engine.attributes(items, progress) if items else []
+    def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
+        return engine.attributes([AttributeInput(entity=items[i].entity, texts=texts) for i, texts in requests])
+
+    def as_texts(i: int, summary: str) -> list[str]:
+        return nlp.split_sentences(summary.removeprefix(f"{items[i].entity}: "))
+
+    results = summaries.in_parts([item.texts for item in items], ask, as_texts, leaf_tokens, seed, count_tokens,
+                                 progress)
     built = NodeSet()
     pairs, failures = [], {}
     for (i, picked), result in zip(sources, results, strict=True):

@@ -24,6 +24,7 @@ from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
+from . import summaries
 
 
 def _igraph():
@@ -95,33 +96,41 @@ def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
 
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, embedder: Embedder, seed: int, resolution: float,
-    max_tokens: int, progress: Callable[[int], None] | None = None,
+    max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
     count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
 ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str]]:
     """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures.
-    Reads the `tokens` column of `nodes`."""
+    Reads the `tokens` column of `nodes`. A community's elements are written in parts of about
+    `leaf_tokens` (index/summaries.py)."""
     graph = Graph.from_tables(nodes, edges)
     membership = leiden(graph, seed, resolution)
     texts = nodes["text"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
     tokens = nodes["tokens"].to_numpy().astype(np.int64)[content]
-    degree = graph.degree
 
     members: dict[int, list[int]] = defaultdict(list)
     for position, i in enumerate(content.tolist()):
         members[int(membership[i])].append(position)
     items, shown = [], []
     for community in sorted(members):
-        # attributes first, then best-connected units: the community's core fits the budget
-        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", -degree[content[p]], graph.ids[content[p]]))
+        # attributes first, then units by id (a content hash: a sample that an update moves only
+        # where a member came or went, where an order by degree would shift with every new edge)
+        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", graph.ids[content[p]]))
         keep = np.cumsum(tokens[order]) <= max_tokens
         picked = [content[p] for p, k in zip(order, keep, strict=True) if k]
         if len(picked) < 2:
             continue
         items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
         shown.append(picked)
-    results = engine.community_elements(items, progress) if items else []
+    def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
+        return engine.community_elements([CommunityInput(items[i].community, texts) for i, texts in requests])
+
+    def as_texts(_: int, elements: list) -> list[str]:
+        return [f"{e.title}: {e.description}" for e in elements]
+
+    results = summaries.in_parts([item.texts for item in items], ask, as_texts, leaf_tokens, seed, count_tokens,
+                                 progress)
 
     built = NodeSet()
     h_o, h_community, failures = [], {}, {}

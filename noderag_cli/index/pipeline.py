@@ -209,7 +209,8 @@ def _attributes(run: StageRun) -> dict:
     nodes, edges = run.read("decompose", "nodes.parquet"), run.read("decompose", "edges.parquet")
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, failures = attributes.run(
-        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, run.reporter.advance
+        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
+        run.reporter.advance,
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
     run.commit_graph(new_nodes, new_edges, failures)
@@ -223,7 +224,7 @@ def _communities(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, assignments, failures = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-        run.reporter.advance,
+        g.summary_leaf_tokens, run.reporter.advance,
     )
     run.commit_graph(new_nodes, new_edges, failures)
     run.write("assignments.parquet", assignments.sort_by("id"))
