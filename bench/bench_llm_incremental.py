@@ -39,18 +39,42 @@ def _requests(server: FaultServer) -> list[tuple[str, str, int]]:
             for r in server.completions() if _task_of(r.body) and r.status == 200]
 
 
-def measure(data: Path, work: Path) -> tuple[list[str], bool]:
+def _memberships(workspace: Path) -> set[frozenset[str]]:
+    """The member set (S and A node ids) of every community of a workspace's last communities stage."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(workspace / "stages" / "communities.assignments.parquet").to_pylist()
+    members: dict[int, set[str]] = {}
+    for row in rows:
+        if row["community"] >= 0 and row["id"][:2] in ("S_", "A_"):
+            members.setdefault(row["community"], set()).add(row["id"])
+    return {frozenset(m) for m in members.values()}
+
+
+def _dry_run(workspace: Path, folder: Path, config: Path) -> dict:
+    """`noderag index --dry-run --json`'s LLM estimate."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "noderag_cli.cli", "index", str(workspace), "--input", str(folder),
+                           "--config", str(config), "--dry-run", "--json"], capture_output=True, text=True, cwd=ROOT)
+    return json.loads(done.stdout)["llm"]
+
+
+def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str], bool]:
     base, final, counts = prepare(data, work)
     with FaultServer(default="rich") as server:
         config = work / "llm.yaml"
         config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
                                                   "api_base": server.url, "timeout_seconds": 30, "retries": 2,
-                                                  "concurrency": 8}}))
+                                                  "concurrency": 8}, **({"graph": graph} if graph else {})}))
         runs, seen = {}, {}
         for name, folder, workspace in (("fresh", final, work / "llm-fresh"), ("base", base, work / "llm-incremental"),
                                         ("update", final, work / "llm-incremental")):
             if name != "update":
                 shutil.rmtree(workspace, ignore_errors=True)
+            else:
+                base_members = _memberships(workspace)
+                planned = _dry_run(workspace, folder, config)
             server.reset()
             print(f"[bench_llm_incremental] {name} build ...", file=sys.stderr, flush=True)
             runs[name] = run_index(workspace, folder, config=config)
@@ -72,6 +96,10 @@ def measure(data: Path, work: Path) -> tuple[list[str], bool]:
         return f"| {label} | {cells[0]:,} | {cells[1]:,} | {cells[2]:,} | {share} |"
 
     walls = {k: r.wall for k, r in runs.items()}
+    update_members = _memberships(work / "llm-incremental")
+    kept = len(set(base_members) & set(update_members))
+    estimate = planned["total"]
+    actual_calls, actual_tokens = len(seen["update"]), sum(x[2] for x in seen["update"])
     lines = [
         "### Incremental update with an LLM engine",
         "",
@@ -97,6 +125,12 @@ def measure(data: Path, work: Path) -> tuple[list[str], bool]:
         f"{decompose.get('decomposed', '?')} chunks decomposed, {decompose.get('cached', '?')} from the cache.",
         f"- Update's nodes.parquet and edges.parquet byte-identical to the fresh build: "
         f"**{'yes' if identical else 'NO'}**.",
+        f"- Communities that keep their exact membership (their S and A nodes) through the update: {kept} of "
+        f"{len(base_members)} (the update has {len(update_members)}).",
+        f"- `index --dry-run` before the update estimated {estimate['calls']:,} calls and "
+        f"{estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the update made {actual_calls:,} calls "
+        f"({estimate['calls'] / max(actual_calls, 1):.0%} of the estimate's) of {actual_tokens:,} tokens "
+        f"(estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(actual_tokens, 1):.0%} of them).",
     ]
     return lines, ok
 
@@ -105,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "eval")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--leaf-tokens", type=int, default=None, help="graph.summary_leaf_tokens (default: the config's)")
     args = parser.parse_args(argv)
     data = args.data / "musique" if (args.data / "musique").is_dir() else args.data
     if not (data / "corpus.json").is_file():
@@ -113,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="noderag-bench-llm-inc-")) if args.work is None else args.work
     work.mkdir(parents=True, exist_ok=True)
     try:
-        lines, ok = measure(data, work)
+        lines, ok = measure(data, work, {"summary_leaf_tokens": args.leaf_tokens} if args.leaf_tokens else None)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -335,6 +335,17 @@ def _documents_status(ws: Workspace) -> list[dict]:
     return sorted(documents, key=lambda r: r["path"])
 
 
+def _failed_items(ws: Workspace) -> list[dict]:
+    """Items of the stages after decomposition that failed (an entity's attribute, a community's
+    elements), with the reason: they belong to no one document, so the document list cannot show them."""
+    rows = []
+    for stage in STAGES:
+        path = ws.stage_path(stage.name, "failures.parquet")
+        if stage.name != "decompose" and "failures.parquet" in stage.outputs and path.is_file():
+            rows += ws.read_table(path, ["stage", "item", "reason"]).to_pylist()
+    return rows
+
+
 def _legacy_counts(generation: Generation) -> dict:
     """`assemble.counts` of a build in the layout from before generations, from its tables."""
     return assemble.counts(generation.table("nodes", ["type", "vector_row"]), generation.table("edges", ["kind", "hnsw"]))
@@ -391,6 +402,7 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
         by_status[row["status"]] = by_status.get(row["status"], 0) + 1
     report["documents"] = {"by_status": by_status, "list": [
         {k: row[k] for k in ("path", "status", "reason", "chunks", "chunks_done", "title")} for row in documents]}
+    report["failed_items"] = _failed_items(ws)
     llm_totals: dict[str, float | bool | None] = {}
     for info in report["stages"].values():
         for key, value in (info.get("llm") or {}).items():

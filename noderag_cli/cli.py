@@ -521,6 +521,11 @@ def stats(
                 chunks = f"{row['chunks_done']}/{row['chunks']} decomposed" if row["chunks"] else "-"
             listing.add_row(row["path"], row["status"], chunks, row["reason"])
         out.print(listing)
+        if report["failed_items"]:
+            items = _table("other failed items (retried by the next `noderag index`)", ["stage", "item", "reason"])
+            for row in report["failed_items"]:
+                items.add_row(row["stage"], row["item"], row["reason"])
+            out.print(items)
     files = _table("files", ["file", "bytes"], ("bytes",))
     for name, size in report["files"].items():
         files.add_row(name, f"{size:,}")

@@ -46,9 +46,11 @@ class GraphConfig(_Section):
     max_community_tokens: int = Field(3000, ge=100, description="text of a community shown to the engine")
     attribute_max_tokens: int = Field(2000, ge=100, description="S and R text shown per entity attribute")
     summary_leaf_tokens: int = Field(
-        500, ge=50, description="an attribute or a community's elements are written in parts of about this much "
+        3000, ge=50, description="an attribute or a community's elements are written in parts of about this much "
         "text, then from the parts' summaries, so an update rewrites only the parts whose texts changed "
-        "(index/summaries.py); at least attribute_max_tokens and max_community_tokens: one request each, the paper")
+        "(index/summaries.py). The default is at least attribute_max_tokens and max_community_tokens: one request "
+        "each, as in the paper; smaller parts pay off only when an update changes few of an entity's texts "
+        "(docs/benchmarks.md, incremental update with an LLM engine)")
 
 
 class Price(_Section):

@@ -3,13 +3,14 @@
 How the estimate is made (also stated in its output): the offline engine indexes the
 same folder into a throw-away workspace with the bundled embeddings (seconds; no network, no
 key, whatever the config's backends). Decomposition calls are the real chunks, with exactly
-the prompts the LLM engine would send; attribute and community calls are those the offline
-graph yields, with their real prompts, since an LLM-decomposed graph has a similar but not
-equal number of important entities and communities. With embeddings behind litellm, the texts
-the build would embed (its chunks and the offline graph's units, attributes and summaries) in
-batches of embedding.batch_size. Calls whose request is already in this workspace's cache are
-not counted. Output tokens are assumptions per task (OUTPUT_TOKENS), capped by
-llm.max_output_tokens.
+the prompts the LLM engine would send; attribute and community calls are those the graph
+yields, with their real prompts. A request this workspace's cache answers is answered from it, as
+the run would, and not counted; the others are answered by the offline engine, so a fresh
+build's graph is the offline one (an LLM-decomposed graph has a similar but not equal number of
+important entities and communities) and an update's is the graph it will have where nothing
+changed. With embeddings behind litellm, the texts the build would embed (its chunks and the
+graph's units, attributes and summaries) in batches of embedding.batch_size. Output tokens are
+assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
 """
 
 from __future__ import annotations
@@ -34,34 +35,51 @@ OUTPUT_TOKENS = {"decompose": lambda prompt_tokens: int(prompt_tokens * 0.9), "a
 
 
 class _RecordingEngine(OfflineEngine):
-    """The offline engine, keeping the inputs of every task it is given."""
+    """The offline engine, keeping the inputs of every task it is given. With `replies` (an LLM
+    engine over the workspace's cache), an input whose reply is cached gets that reply, as the run
+    would, and only the others are kept (and answered offline): an update's later stages then see
+    the graph the update will see, and the estimate counts what it will ask."""
 
     pure_decompose = None  # every chunk through `decompose`, to be recorded
 
-    def __init__(self, embedder: Embedder):
+    def __init__(self, embedder: Embedder, replies=None):
         super().__init__(embedder)
+        self.replies = replies
         self.seen: dict[str, list] = {"decompose": [], "attributes": [], "community_elements": []}
 
+    def _answer(self, task: str, items, offline, progress) -> list:
+        items = list(items)
+        found = self.replies.cached_results(task, items) if self.replies is not None else [None] * len(items)
+        todo = [i for i, result in enumerate(found) if result is None]
+        self.seen[task].extend(items[i] for i in todo)
+        for i, result in zip(todo, offline([items[i] for i in todo]) if todo else [], strict=True):
+            found[i] = result
+        if progress:
+            progress(len(items))
+        return found
+
     def decompose(self, chunks, progress=None):
-        self.seen["decompose"].extend(chunks)
-        return super().decompose(chunks, progress)
+        return self._answer("decompose", chunks, super().decompose, progress)
 
     def attributes(self, items, progress=None):
-        self.seen["attributes"].extend(items)
-        return super().attributes(items, progress)
+        return self._answer("attributes", items, super().attributes, progress)
 
     def community_elements(self, items, progress=None):
-        self.seen["community_elements"].extend(items)
-        return super().community_elements(items, progress)
+        return self._answer("community_elements", items, super().community_elements, progress)
 
 
 def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
-    from .engines import llm, pricing, prompts
+    from .engines import pricing, prompts
 
     cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
     offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"}),
                                         "embedding": EmbeddingConfig()})  # the bundled model: no network
-    recorder = _RecordingEngine(Embedder(offline.embedding))
+    replies = None
+    if cache is not None and config.llm.engine == "litellm":
+        from .engines.llm import LiteLLMEngine
+
+        replies = LiteLLMEngine(config.llm, cache)
+    recorder = _RecordingEngine(Embedder(offline.embedding), replies)
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch:
         scratch_ws = Workspace(Path(scratch))
         scratch_ws.create()
@@ -72,14 +90,9 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         finally:
             scratch_ws.close()
 
-    engine = llm.LiteLLMEngine(config.llm, cache) if cache is not None else None
     tasks = {}
     for task, items in recorder.seen.items() if config.llm.engine == "litellm" else ():
-        items = _unique(items)
-        if engine is not None:
-            keys = [engine.request_key(task, engine.prompts.messages(task, item)) for item in items]
-            cached = cache.get_many(llm.CACHE_NS, keys)
-            items = [item for item, key in zip(items, keys, strict=True) if key not in cached]
+        items = _unique(items)  # (what the cache answers was never recorded)
         prompt_tokens = pricing.prompt_tokens_for(task, items, config.llm.model, prompts.prompt_set(config.llm.prompts)) \
             if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)

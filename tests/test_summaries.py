@@ -11,7 +11,7 @@ from llm_support.fault_server import FaultServer
 from noderag_cli import nlp
 from noderag_cli.cache import Cache
 from noderag_cli.config import LLMConfig
-from noderag_cli.engines.base import AttributeInput
+from noderag_cli.engines.base import AttributeInput, Failure
 from noderag_cli.engines.llm import LiteLLMEngine
 from noderag_cli.index import summaries
 
@@ -59,3 +59,20 @@ def test_a_text_added_to_a_large_input_re_asks_one_part_per_level(tmp_path):
         _, grown_levels = attribute(TEXTS + ["Harbour record extra: the ferry Birch crossed to Vessmouth in 1990."])
         assert grown_levels == levels and len(server.completions()) == levels  # one per level: its leaf, then up
     cache.close()
+
+
+def test_a_part_of_one_text_goes_up_unasked():
+    """A leaf holding one text is not summarised (an engine may refuse so little, as the offline
+    engine's community elements do); its text joins the level above."""
+    texts = TEXTS[:6]
+    asked: list[tuple[str, ...]] = []
+
+    def ask(requests):
+        asked.extend(texts for _, texts in requests)
+        return [Failure("too small") if len(texts) < 2 else " ".join(texts) for _, texts in requests]
+
+    leaves = summaries.leaves(texts, nlp.count_tokens(texts), 10, 7)
+    assert any(len(leaf) == 1 for _, leaf in leaves) and len(leaves) > 1
+    result = summaries.in_parts([texts], ask, lambda _, s: nlp.split_sentences(s), 10, 7, nlp.count_tokens)[0]
+    assert not isinstance(result, Failure) and all(len(request) > 1 for request in asked)
+    assert set(nlp.split_sentences(result)) == set(texts)  # every text reached the top

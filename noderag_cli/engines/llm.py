@@ -326,6 +326,10 @@ class LiteLLMEngine:
             raise SpendingCapError(self.transport.cap.stopped_message())  # after every reply in flight was kept
         return results
 
+    def cached_results(self, task: str, items: Sequence) -> list:
+        """Each item's result as the cache holds it, None where it holds none (no request is made)."""
+        return self._lookup(task, list(items)).results
+
     def _lookup(self, task: str, items: list) -> _Lookup:
         """The items' requests, what the cache already holds (counted as hits), and the rest by key
         (an item repeated in the batch rides along with its first copy, also a hit)."""

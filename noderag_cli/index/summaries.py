@@ -14,9 +14,15 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..engines.base import Failure
+
+
+class _Up(NamedTuple):
+    """A part passed up unasked (a single text)."""
+
+    texts: tuple[str, ...]
 
 
 def _leaf_count(total_tokens: int, leaf_tokens: int) -> int:
@@ -55,15 +61,21 @@ def in_parts(
         slots_below[i] = _leaf_count(int(sum(tokens)), leaf_tokens)
         requests += [(i, slot, tuple(texts[p] for p in leaf)) for slot, leaf in leaves(texts, tokens, leaf_tokens, seed)]
     while requests:
-        answers = ask([(i, texts) for i, _, texts in requests])
+        parts_of: dict[int, int] = {}
+        for i, _, _ in requests:
+            parts_of[i] = parts_of.get(i, 0) + 1
+        # one text among other parts goes up as it is: nothing to summarise, and no request to fail
+        asked = [r for r in requests if len(r[2]) > 1 or parts_of[r[0]] == 1]
+        answers = iter(ask([(i, texts) for i, _, texts in asked]) if asked else [])
         got: dict[int, list[tuple[int, Any]]] = {}
-        for (i, slot, _), answer in zip(requests, answers, strict=True):
-            got.setdefault(i, []).append((slot, answer))
+        for i, slot, texts in requests:
+            got.setdefault(i, []).append((slot, next(answers) if len(texts) > 1 or parts_of[i] == 1 else _Up(texts)))
         requests = []
         done = 0
         for i, parts in got.items():
             failed = next((a for _, a in parts if isinstance(a, Failure)), None)
-            texts_of = [(slot, as_texts(i, a)) for slot, a in parts] if failed is None and len(parts) > 1 else []
+            texts_of = [(slot, list(a.texts) if isinstance(a, _Up) else as_texts(i, a)) for slot, a in parts] \
+                if failed is None and len(parts) > 1 else []
             if failed is not None or len(parts) == 1 or not any(t for _, t in texts_of):
                 results[i] = failed if failed is not None else parts[0][1]  # (all parts empty: so is the whole)
                 done += 1
