@@ -183,11 +183,13 @@ class Session:
         """This session's search settings with some changed (validated: ConfigError), for `params`."""
         return changed(self.retriever.config.search, **changes)
 
-    def retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
-        return self.retriever.retrieve(question, params)
+    def retrieve(self, question: str, params: SearchConfig | None = None, explain: bool = False) -> Retrieval:
+        """The context; `explain`: with the path the walk took to each node (search/paths.py)."""
+        return self.retriever.retrieve(question, params, explain)
 
-    def ask(self, question: str, answer: bool = True, params: SearchConfig | None = None) -> Retrieval:
-        result = self.retriever.retrieve(question, params)
+    def ask(self, question: str, answer: bool = True, params: SearchConfig | None = None,
+            explain: bool = False) -> Retrieval:
+        result = self.retriever.retrieve(question, params, explain)
         return self.retriever.answer(result) if answer else result
 
     def close(self) -> None:

@@ -370,9 +370,10 @@ def _print_plan(plan: dict) -> None:
             out.print(f"spending cap ${cap['limit_usd']:.4f}: {verdict}")
 
 
-def _answer_lines(session, questions: Path, items: list, answer: bool, params) -> int:
+def _answer_lines(session, questions: Path, items: list, answer: bool, params, found: list) -> int:
     """`--questions`: one JSON line out per line in, in order; a bad line, or a question that cannot
-    be searched, gets `{"line", "error"}` in its place and the run goes on. Exit 1 if any failed."""
+    be searched, gets `{"line", "error"}` in its place and the run goes on. Exit 1 if any failed.
+    Each result is also appended to `found` (for the page)."""
     from .errors import QueryError
 
     failed = 0
@@ -380,7 +381,7 @@ def _answer_lines(session, questions: Path, items: list, answer: bool, params) -
         error = item if isinstance(item, str) else None
         if error is None:
             try:
-                result = session.ask(item.question, answer=answer, params=params)
+                result = session.ask(item.question, answer=answer, params=params, explain=True)
             except QueryError as err:
                 error = str(err)
         if error is not None:
@@ -388,8 +389,24 @@ def _answer_lines(session, questions: Path, items: list, answer: bool, params) -
             _warn(f"{questions} line {number}: {error}")
             _print_json({"line": number, "error": error}, indent=None)
         else:
+            found.append(result)
             _print_json({"line": number, **result.as_dict()}, indent=None)
     return EXIT_FAILED_ITEMS if failed else 0
+
+
+def _write_page(results: list, target: Path, workspace: Path) -> None:
+    """`--html`: the page of what the questions found (page.py); never into a workspace."""
+    from . import page
+    from .errors import InputError
+    from .workspace import refuse_output_inside
+
+    refuse_output_inside(target, "--html")
+    if target.is_dir():
+        raise InputError(f"--html {target} is a folder; the page goes to a file")
+    try:
+        page.write(results, target, f"noderag: what the search found in {workspace.name}")
+    except OSError as err:
+        raise InputError(f"cannot write {target}: {err.strerror or err}") from err
 
 
 @app.command(cls=Command, short_help="answer a question (or a JSONL file of them) from WORKSPACE")
@@ -411,10 +428,14 @@ def query(
     context_only: Annotated[bool, typer.Option("--context-only", help="retrieve only, no answer step")] = False,
     show_context: Annotated[bool, typer.Option("--show-context", help="print the retrieved nodes too")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable result (see README)")] = False,
+    html_page: Annotated[Path | None, typer.Option(
+        "--html", metavar="FILE", help="also write a self-contained HTML page showing the subgraph each question "
+                                       "used: entry points, the walk's paths, the context")] = None,
 ) -> None:
     """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
     from . import api
     from .questions import read_question_lines
+    from .workspace import refuse_output_inside
 
     _json_mode(as_json or questions is not None)
     if (question is None) == (questions is None):
@@ -425,12 +446,21 @@ def query(
     compiled = len(items) >= api.COMPILED_FROM_QUESTIONS
     session = _run(lambda: api.open_workspace(workspace, config_path=config, compiled=compiled))
     params = _run(lambda: session.search_settings(**changes))
+    if html_page is not None:
+        _run(lambda: refuse_output_inside(html_page, "--html"))  # before any work
     if questions is not None:
-        code = _run(lambda: _answer_lines(session, questions, items, not context_only, params))
+        found: list = []
+        code = _run(lambda: _answer_lines(session, questions, items, not context_only, params, found))
+        if html_page is not None:
+            _run(lambda: _write_page(found, html_page, workspace))
         if code:
             raise typer.Exit(code)
         return
-    result = _run(lambda: session.ask(question, answer=not context_only, params=params))
+    explain = as_json or html_page is not None
+    result = _run(lambda: session.ask(question, answer=not context_only, params=params, explain=explain))
+    if html_page is not None:
+        _run(lambda: _write_page([result], html_page, workspace))
+        console.print(f"wrote {html_page}")
     if as_json:
         _print_json(result.as_dict())
         return
@@ -473,6 +503,19 @@ def _stage_details(info: dict) -> str:
     if info.get("vectors_computed"):
         parts.append(f"{info['vectors_computed']:,} new vectors")
     return ", ".join(parts)
+
+
+@app.command(cls=Command, short_help="serve WORKSPACE to agents over MCP (stdio)")
+def mcp(
+    workspace: Annotated[Path, typer.Argument(help="an indexed workspace", metavar="WORKSPACE", show_default=False)],
+) -> None:
+    """Serve WORKSPACE over the Model Context Protocol on stdin/stdout, for agents and chat clients:
+    tools `search` (context, or an answer), `node` and `document`. Read-only; picks up a new build after
+    `noderag index` without a restart. Needs the extra: pip install 'noderag-cli[mcp]'."""
+    from . import mcp_server
+
+    _run(lambda: mcp_server.require_sdk())
+    _run(lambda: mcp_server.serve(workspace))
 
 
 @app.command(cls=Command, short_help="what WORKSPACE holds; never writes to it")

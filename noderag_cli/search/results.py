@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from . import paths
+
 PLAIN_TEXT = (".txt", ".md", ".markdown", ".rst")  # their sections are not named in a source: the path says enough
 _UNITS = (("pages", "p.", "pp."), ("slides", "slide", "slides"), ("sheets", "sheet", "sheets"))
 
@@ -37,6 +39,9 @@ class RetrievedNode:
     documents: list[str]
     tokens: int
     locations: list[dict] = field(default_factory=list)  # where it came from: a place per chunk (prepare.places)
+    row: int = field(default=-1, repr=False, compare=False)  # its row in the build (not shown)
+    via: str = ""  # how the search reached it: exact, vector, bridge (entry points) or walk (search/paths.py)
+    path: list[str] = field(default_factory=list)  # node ids from an entry point to it, when explained
 
     @property
     def sources(self) -> list[str]:
@@ -45,8 +50,14 @@ class RetrievedNode:
         return list(dict.fromkeys(place_label(p) for p in self.locations)) if self.locations else self.documents
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "type": self.type, "score": round(self.score, 8), "text": self.text,
-                "documents": self.documents, "locations": self.locations, "tokens": self.tokens}
+        shown = {"id": self.id, "type": self.type, "score": round(self.score, 8), "text": self.text,
+                 "documents": self.documents, "locations": self.locations, "tokens": self.tokens, "via": self.via}
+        if self.path:
+            shown["path"] = self.path
+            if len(self.path) > 1:
+                shown["from"] = self.path[-2]
+                shown["edge"] = paths.edge_kind(self.path[-2][0], self.type)
+        return shown
 
 
 @dataclass
@@ -60,6 +71,7 @@ class Retrieval:
     smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
     citations: list[dict] | None = None  # an LLM answer's [n]: the numbered context node each one names
     invalid_citations: int = 0  # [n] in the answer that number no context node (left out of `citations`)
+    path_nodes: list[RetrievedNode] = field(default_factory=list)  # on the nodes' paths, not in the context
 
     @property
     def context_tokens(self) -> int:
@@ -95,4 +107,6 @@ class Retrieval:
                  "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
         if self.citations is not None:
             shown |= {"citations": self.citations, "invalid_citations": self.invalid_citations}
+        if any(n.path for n in self.nodes):
+            shown["path_nodes"] = [n.as_dict() for n in self.path_nodes]
         return shown

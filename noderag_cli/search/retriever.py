@@ -30,7 +30,7 @@ from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
 from ..index.chunk import place_of
 from ..workspace import Generation, damaged, repair_hint
-from . import QueryError, context, rounds
+from . import QueryError, context, paths, rounds
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr
 from .prepare import (
@@ -278,12 +278,13 @@ class Retriever:
         timings["vector_ms"] = (time.perf_counter() - t0) * 1000
         return exact_rows, vector_rows, entities, timings
 
-    def retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
-        """The context for a question (`_retrieve`). A build is opened by its sizes only (hashing it
+    def retrieve(self, question: str, params: SearchConfig | None = None, explain: bool = False) -> Retrieval:
+        """The context for a question (`_retrieve`); `explain`: each node also carries the path the
+        walk took to it (search/paths.py). A build is opened by its sizes only (hashing it
         would cost what opening must not); when a search fails on what it read, the build's files
         are checked, and a damaged one is named with its repair instead of a traceback."""
         try:
-            return self._retrieve(question, params)
+            return self._retrieve(question, params, explain)
         except (IndexError, ValueError, KeyError, OverflowError, RuntimeError, pa.ArrowException):
             problems = [] if self.generation.legacy else self.generation.verify()
             if problems:
@@ -292,7 +293,7 @@ class Retriever:
                               repair_hint(self.generation.ws_root, self.generation.manifest.get("input"))) from None
             raise
 
-    def _retrieve(self, question: str, params: SearchConfig | None = None) -> Retrieval:
+    def _retrieve(self, question: str, params: SearchConfig | None = None, explain: bool = False) -> Retrieval:
         params = params or self.config.search
         question = self.check_question(question)
         started = time.perf_counter()
@@ -314,6 +315,7 @@ class Retriever:
         t0 = time.perf_counter()
         rows, relevance = self.select(support, mass, entries, start, params, query_vector)  # rows ascending
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
+        first_entries, bridges = entries, np.zeros(0, np.int64)
         if params.second_round_chunks > 0 and len(rows):
             t0 = time.perf_counter()
             bridges = rounds.without_values(self.bridge_candidates(walk, rows, relevance, exact_rows, params),
@@ -328,10 +330,50 @@ class Retriever:
         t0 = time.perf_counter()
         kept = self.fit_budget(rows, relevance, params)
         result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
+        if explain:
+            self._explain(result, walk, support, mass, first_entries, entries, exact_rows, vector_rows, bridges, params)
+        else:
+            for node, how in zip(result.nodes, paths.via(self._rows_of(result.nodes), exact_rows, vector_rows, bridges),
+                                 strict=True):
+                node.via = how
         result.smallest_match_tokens = int(self.tokens[rows].min()) if len(rows) else 0
         result.timings["context_ms"] += (time.perf_counter() - t0) * 1000
         result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         return result
+
+    def _rows_of(self, nodes: list[RetrievedNode]) -> np.ndarray:
+        return np.array([n.row for n in nodes], dtype=np.int64)
+
+    def _explain(self, result: Retrieval, walk: WalkMatrix, support: np.ndarray, mass: np.ndarray,
+                 first_entries: np.ndarray, entries: np.ndarray, exact_rows: np.ndarray, vector_rows: np.ndarray,
+                 bridges: np.ndarray, params: SearchConfig) -> None:
+        """Each node's `via` and `path`, and the nodes on the paths that the context left out."""
+        rows = self._rows_of(result.nodes)
+        hows = paths.via(rows, exact_rows, vector_rows, bridges)
+        steps = params.ppr_iterations + 2
+        bridge_paths: dict[int, list[int]] = {}  # a bridge's own path, from the first round's entry points
+        on_paths: set[int] = set()
+        for node, row, how in zip(result.nodes, rows.tolist(), hows, strict=True):
+            node.via = how
+            if how in ("exact", "vector"):
+                node.path = [node.id]
+                continue
+            back = paths.path_back(walk, support, mass, first_entries if how == "bridge" else entries, row, steps)
+            start = back[0]
+            if how != "bridge" and start in set(bridges.tolist()) and start not in set(first_entries.tolist()):
+                if start not in bridge_paths:
+                    bridge_paths[start] = paths.path_back(walk, support, mass, first_entries, start, steps)
+                back = bridge_paths[start][:-1] + back  # every path starts at a first-round entry point
+            node.path = self.id_of(np.array(back, dtype=np.int64))
+            on_paths.update(back[:-1])
+        kept = set(rows.tolist())
+        extra = np.array(sorted(on_paths - kept), dtype=np.int64)
+        if len(extra):
+            scores = mass[np.searchsorted(support, extra)]
+            result.path_nodes = self._nodes(extra, scores)
+            for node, how in zip(result.path_nodes, paths.via(self._rows_of(result.path_nodes), exact_rows, vector_rows,
+                                                              bridges), strict=True):
+                node.via = how
 
     def bridge_candidates(self, walk: WalkMatrix, rows: np.ndarray, relevance: np.ndarray, exact_rows: np.ndarray,
                           params: SearchConfig) -> np.ndarray:
@@ -470,7 +512,7 @@ class Retriever:
         texts = self._text_column.take(taken).to_pylist()
         columns = (node_ids(self.id_hash[ordered], codes[order]), TYPE_LETTERS[codes[order]].tolist(), scores[order].tolist(),
                    texts, documents, self.tokens[ordered].tolist(), self._places_of(ordered, texts))
-        return [RetrievedNode(*values) for values in zip(*columns, strict=True)]
+        return [RetrievedNode(*values) for values in zip(*columns, ordered.tolist(), strict=True)]
 
     def _places_of(self, rows: np.ndarray, texts: list[str]) -> list[list[dict]]:
         """Each node's places (at most `MAX_PLACES`; a place parsed from the mapped build once per
@@ -498,6 +540,38 @@ class Retriever:
             first, last = _found_in(unit, self._text_column[chunk_node].as_py()) or (first, last)
         return {"document": place["document"], "content_hash": place["content_hash"], "span": place["span"],
                 **place_of(marks, first, last)}
+
+    # lookups: a node by its id, its neighbours, a document's chunks (for agents, `mcp_server.py`) ----
+    def row_of(self, node_id: str) -> int | None:
+        """The row of the node with this id, or None (a scan of the id hashes: not on a query's path)."""
+        letter, _, digits = node_id.partition("_")
+        if letter not in TYPE_CODE or len(digits) != 16 or not re.fullmatch(r"[0-9a-f]{16}", digits):
+            return None
+        found = np.flatnonzero((self.id_hash == np.uint64(int(digits, 16))) & (self.type_codes == TYPE_CODE[letter]))
+        return int(found[0]) if len(found) else None
+
+    def node_at(self, row: int) -> RetrievedNode:
+        return self._nodes(np.array([row], np.int64), np.zeros(1))[0]
+
+    def neighbours(self, row: int, limit: int) -> list[RetrievedNode]:
+        """Up to `limit` nodes joined to `row` by an edge, by edge weight then row."""
+        walk = self.walk_matrix(self.config.search.similarity_weight)
+        rows = walk.indices[walk.indptr[row]:walk.indptr[row + 1]].astype(np.int64)
+        weights = walk.weights[walk.indptr[row]:walk.indptr[row + 1]].astype(np.float64)
+        order = np.lexsort((rows, -weights))[:limit]
+        return self._nodes(rows[order], weights[order])
+
+    def document_chunks(self, path: str) -> list[RetrievedNode] | None:
+        """The text chunks (T nodes) of the document at `path`, in the order of the document; None
+        when the build holds no such document."""
+        codes = np.flatnonzero(np.asarray(self.document_names.to_numpy(zero_copy_only=False) == path))
+        if not len(codes):
+            return None
+        owners = np.repeat(np.arange(len(self.doc_indptr) - 1), np.diff(self.doc_indptr))
+        rows = np.unique(owners[self.doc_codes == codes[0]])
+        rows = rows[self.type_codes[rows] == TYPE_CODE["T"]]
+        nodes = self._nodes(rows, np.zeros(len(rows)))
+        return sorted(nodes, key=lambda n: min((p["span"][0] for p in n.locations if p.get("span")), default=0))
 
     def answer(self, retrieval: Retrieval) -> Retrieval:
         """The engine's answer. An LLM reads the context numbered and cites it ([n]); the offline
