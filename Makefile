@@ -15,9 +15,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.test-installed: pyproject.toml $(VENV)/.installed tests/llm_support/install_llm_server.sh
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.installed tests/llm_support/install_llm_server.sh \
+		tests/browser_support/install_chromium.sh
 	$(BIN)/pip install -q -e '.[test]'
 	bash tests/llm_support/install_llm_server.sh $(BIN)/python $(VENV)/models
+	bash tests/browser_support/install_chromium.sh
 	touch $@
 
 install: $(VENV)/.installed

@@ -90,7 +90,7 @@ def build_server(searcher: Searcher) -> Any:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    server = MCPServer("noderag", instructions=INSTRUCTIONS)
+    server = MCPServer("noderag", instructions=INSTRUCTIONS, log_level="WARNING")  # stderr stays quiet
 
     def tool_errors(call):
         try:

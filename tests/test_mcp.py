@@ -1,0 +1,99 @@
+"""`noderag mcp`: the workspace served over stdio, driven by the MCP SDK's own client, as an agent
+would (a real server process; the SDK is in the test install)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from conftest import REPO, SAMPLE_CORPUS, assert_one_line_error, copy_workspace, noderag
+
+pytest.importorskip("mcp", reason="the MCP SDK (noderag-cli[mcp]) is part of the test install")
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+QUESTION = "In which village was the founder of the society that awards the Greyling Medal born?"
+
+
+def _client(workspace: Path) -> Client:
+    return Client(StdioServerParameters(command=sys.executable, args=["-m", "noderag_cli.cli", "mcp", str(workspace)],
+                                        cwd=str(REPO)))
+
+
+async def _call(client: Client, tool: str, **arguments) -> tuple[bool, object]:
+    result = await client.call_tool(tool, arguments)
+    text = result.content[0].text
+    return result.is_error, text if result.is_error else json.loads(text)
+
+
+def _query_ids(workspace: Path, budget: int) -> list[str]:
+    run = noderag("query", workspace, QUESTION, "--json", "--context-only", "--budget", budget)
+    assert run.returncode == 0, run.stderr
+    return [n["id"] for n in run.json()["nodes"]]
+
+
+def test_tools_answer_like_query_and_bad_arguments_are_tool_errors(built):
+    async def session():
+        async with _client(built) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == {"search", "node", "document"}
+            failed, found = await _call(client, "search", question=QUESTION, budget_tokens=600)
+            assert not failed and [n["id"] for n in found["nodes"]] == _query_ids(built, 600)
+            assert all(n["via"] for n in found["nodes"])
+            first = found["nodes"][0]
+            failed, node = await _call(client, "node", node_id=first["id"])
+            assert not failed and node["text"] == first["text"] and node["neighbours"]
+            failed, document = await _call(client, "document", path="greyling_medal.md")
+            assert not failed and any("Greyling" in c["text"] for c in document["chunks"])
+            for tool, arguments, words in (("search", {"question": QUESTION, "budget_tokens": -5}, "budget_tokens"),
+                                           ("search", {"question": "  "}, "empty"),
+                                           ("node", {"node_id": "N_0123456789abcdef"}, "no node"),
+                                           ("node", {"node_id": "nonsense"}, "no node"),
+                                           ("document", {"path": "nowhere.md"}, "no document")):
+                failed, message = await _call(client, tool, **arguments)
+                assert failed and words in message, (tool, message)
+            failed, again = await _call(client, "search", question=QUESTION, budget_tokens=600)  # still serving
+            assert not failed and again["nodes"] == found["nodes"]
+
+    anyio.run(session)
+
+
+def test_it_keeps_answering_while_index_swaps_the_build_then_answers_from_the_new_one(built, tmp_path):
+    workspace = copy_workspace(built, tmp_path / "ws")
+    docs = tmp_path / "docs"
+    shutil.copytree(SAMPLE_CORPUS, docs)
+    (docs / "harlow_ferry.md").write_text("# Harlow Ferry\n\nHarlow Ferry is a village on the Sallow Water. Its "
+                                          "ferry was kept by the Penrake family for three generations.\n")
+
+    async def session():
+        async with _client(workspace) as client:
+            failed, before = await _call(client, "search", question=QUESTION, budget_tokens=800)
+            assert not failed
+            command = [sys.executable, "-m", "noderag_cli.cli", "index", str(workspace), "--input", str(docs)]
+            indexing = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            answered = 0
+            while indexing.poll() is None:
+                failed, during = await _call(client, "search", question=QUESTION, budget_tokens=800)
+                assert not failed and during["generation"] in (before["generation"], during["generation"])
+                answered += 1
+            assert indexing.returncode == 0, indexing.stderr.read()
+            failed, after = await _call(client, "search", question=QUESTION, budget_tokens=800)
+            assert not failed and after["generation"] != before["generation"]
+            assert [n["id"] for n in after["nodes"]] == _query_ids(workspace, 800)
+            failed, document = await _call(client, "document", path="harlow_ferry.md")
+            assert not failed and document["generation"] == after["generation"]
+            return answered
+
+    assert anyio.run(session) >= 1
+
+
+def test_without_the_sdk_the_command_names_the_extra(built, tmp_path):
+    shadow = tmp_path / "shadow" / "mcp"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed')\n")
+    run = noderag("mcp", built, env={"PYTHONPATH": str(shadow.parent)})
+    assert run.returncode == 2
+    assert_one_line_error(run, "pip install 'noderag-cli[mcp]'")
