@@ -132,6 +132,13 @@ def _section(result: Retrieval, index: int) -> str:
 _LEGEND = "".join(f'<span><svg width="14" height="14"><circle cx="7" cy="7" r="6" fill="{c}"/></svg> '
                   f'{t} {TYPE_NAMES[t]}</span>' for t, c in TYPE_COLOURS.items())
 
+_LEGEND += "".join(f'<span><svg width="30" height="10"><line x1="0" y1="5" x2="30" y2="5" stroke="{colour}" '
+                   f'stroke-width="2"{dashes}/></svg> {label}</span>'
+                   for colour, dashes, label in (("#d62728", "", "name match"),
+                                                 ("#1f77b4", ' stroke-dasharray="5 4"', "vector match"),
+                                                 ("#999", "", "structural edge"),
+                                                 ("#999", ' stroke-dasharray="5 4"', "similarity edge")))
+
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222}
 h1{font-size:20px} h2{font-size:16px;margin-top:28px} h3{font-size:14px;margin:12px 0 4px}
