@@ -27,6 +27,11 @@ def test_the_same_texts_make_the_same_leaves_in_any_order_and_one_more_text_move
     shuffled = TEXTS[:]
     random.Random(3).shuffle(shuffled)
     assert _sets(TEXTS) == _sets(shuffled)
+
+    def requests(texts):
+        return [[texts[p] for p in leaf] for _, leaf in summaries.leaves(texts, nlp.count_tokens(texts), 100, 7)]
+
+    assert requests(TEXTS) == requests(shuffled)  # each leaf's texts in the same order: the same request
     count = len(_sets(TEXTS))
     assert count > 8 and count & (count - 1) == 0  # a power of two: it moves only when the input doubles
     grown = _sets(TEXTS + ["Harbour record extra: the ferry Birch crossed to Vessmouth in 1990."])

@@ -108,15 +108,16 @@ def run(
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
     tokens = nodes["tokens"].to_numpy().astype(np.int64)[content]
+    degree = graph.degree
 
     members: dict[int, list[int]] = defaultdict(list)
     for position, i in enumerate(content.tolist()):
         members[int(membership[i])].append(position)
     items, shown = [], []
     for community in sorted(members):
-        # attributes first, then units by id (a content hash: a sample that an update moves only
-        # where a member came or went, where an order by degree would shift with every new edge)
-        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", graph.ids[content[p]]))
+        # attributes first, then best-connected units: the community's core fits the budget
+        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", -degree[content[p]],
+                                                          graph.ids[content[p]]))
         keep = np.cumsum(tokens[order]) <= max_tokens
         picked = [content[p] for p, k in zip(order, keep, strict=True) if k]
         if len(picked) < 2:

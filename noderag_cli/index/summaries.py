@@ -32,12 +32,17 @@ def _leaf_count(total_tokens: int, leaf_tokens: int) -> int:
 
 
 def leaves(texts: Sequence[str], tokens: Sequence[int], leaf_tokens: int, seed: int) -> list[tuple[int, list[int]]]:
-    """(slot, positions of `texts`) per leaf, in slot order, each leaf in input order: a text's
-    slot is its seeded CRC-32 modulo the leaf count, so it does not depend on the other texts."""
+    """(slot, positions of `texts`) per leaf, in slot order: a text's slot is its seeded CRC-32
+    modulo the leaf count, so it does not depend on the other texts. One leaf keeps the input's
+    order (the caller's ranking, as without a tree); in several, each leaf is ordered by the texts'
+    hashes, so that a leaf's request does not change when only the input's order did."""
     count = _leaf_count(int(sum(tokens)), leaf_tokens)
+    if count == 1:
+        return [(0, list(range(len(texts))))] if len(texts) else []
+    hashes = [zlib.crc32(text.encode(), seed & 0xFFFFFFFF) for text in texts]
     slots: dict[int, list[int]] = {}
-    for position, text in enumerate(texts):
-        slots.setdefault(zlib.crc32(text.encode(), seed & 0xFFFFFFFF) % count if count > 1 else 0, []).append(position)
+    for position in sorted(range(len(texts)), key=lambda p: (hashes[p], texts[p], p)):
+        slots.setdefault(hashes[position] % count, []).append(position)
     return sorted(slots.items())
 
 
