@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import SAMPLE_CORPUS, assert_same_tables, index, noderag
@@ -312,3 +313,35 @@ def test_a_failed_attribute_is_listed_by_stats(tmp_path):
     assert failed and len(failed) == run.json()["stages"]["attributes"]["failures"] and all(row["reason"] for row in failed)
     shown = noderag("stats", tmp_path / "ws", "--documents").stdout
     assert "other failed items" in shown and failed[0]["item"] in shown
+
+
+def _community_inputs(ws: Path) -> dict[int, tuple[str, ...]]:
+    """Per community of the current build: the texts of its units and attributes, sorted."""
+    from conftest import build_file
+
+    assignments = pq.read_table(ws / "stages" / "communities.assignments.parquet").to_pylist()
+    nodes = pq.read_table(build_file(ws, "nodes.parquet"), columns=["id", "type", "text"]).to_pylist()
+    text_of = {n["id"]: n["text"] for n in nodes if n["type"] in ("S", "A")}
+    members: dict[int, list[str]] = {}
+    for row in assignments:
+        if row["id"] in text_of:
+            members.setdefault(row["community"], []).append(text_of[row["id"]])
+    return {c: tuple(sorted(texts)) for c, texts in members.items()}
+
+
+def test_a_community_whose_members_stayed_asks_nothing(server, tmp_path):
+    folder = _folder(tmp_path)
+    config = _config(tmp_path, server.url)
+    ws = tmp_path / "ws"
+    index(ws, folder, "--config", config)
+    before = set(_community_inputs(ws).values())
+    changed = folder / "vessmouth.md"
+    changed.write_text(changed.read_text() + "\nThe harbour master's office moved to the Custom House in 1911.\n")
+    server.reset()
+    index(ws, folder, "--config", config)
+    after = _community_inputs(ws)
+    kept = [c for c, texts in after.items() if texts in before and len(texts) > 1]
+    moved = [c for c, texts in after.items() if texts not in before and len(texts) > 1]
+    assert kept and moved  # the update leaves some communities as they were and changes others
+    asked = [task for task, _ in _requests(server)].count("community_elements")
+    assert asked == len(moved), (asked, len(kept), len(moved))
