@@ -352,6 +352,7 @@ class Retriever:
         hows = paths.via(rows, exact_rows, vector_rows, bridges)
         steps = params.ppr_iterations + 2
         bridge_paths: dict[int, list[int]] = {}  # a bridge's own path, from the first round's entry points
+        second_only = set(bridges.tolist()) - set(first_entries.tolist())
         on_paths: set[int] = set()
         for node, row, how in zip(result.nodes, rows.tolist(), hows, strict=True):
             node.via = how
@@ -360,7 +361,7 @@ class Retriever:
                 continue
             back = paths.path_back(walk, support, mass, first_entries if how == "bridge" else entries, row, steps)
             start = back[0]
-            if how != "bridge" and start in set(bridges.tolist()) and start not in set(first_entries.tolist()):
+            if how != "bridge" and start in second_only:
                 if start not in bridge_paths:
                     bridge_paths[start] = paths.path_back(walk, support, mass, first_entries, start, steps)
                 back = bridge_paths[start][:-1] + back  # every path starts at a first-round entry point
