@@ -479,9 +479,9 @@ def query(
 
 def _print_context(result) -> None:
     table = _table(f"context: {len(result.nodes)} nodes, {result.context_tokens} tokens, "
-                   f"{result.timings.get('retrieval_ms', 0):.1f} ms", ["type", "score", "text", "documents"])
+                   f"{result.timings.get('retrieval_ms', 0):.1f} ms", ["type", "via", "score", "text", "documents"])
     for node in result.nodes:
-        table.add_row(node.type, f"{node.score:.4f}", node.text, ", ".join(node.documents))
+        table.add_row(node.type, node.via, f"{node.score:.4f}", node.text, ", ".join(node.documents))
     out.print(table)
 
 
