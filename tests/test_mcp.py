@@ -42,7 +42,9 @@ def test_tools_answer_like_query_and_bad_arguments_are_tool_errors(built):
             assert {t.name for t in (await client.list_tools()).tools} == {"search", "node", "document"}
             failed, found = await _call(client, "search", question=QUESTION, budget_tokens=600)
             assert not failed and [n["id"] for n in found["nodes"]] == _query_ids(built, 600)
-            assert all(n["via"] for n in found["nodes"])
+            assert all(n["via"] for n in found["nodes"]) and found["answer"] is None
+            failed, answered = await _call(client, "search", question=QUESTION, budget_tokens=1000, answer=True)
+            assert not failed and "Harlow Ferry" in answered["answer"]  # the workspace's engine: offline here
             first = found["nodes"][0]
             failed, node = await _call(client, "node", node_id=first["id"])
             assert not failed and node["text"] == first["text"] and node["neighbours"]
