@@ -138,6 +138,28 @@ def test_the_offline_answer_completes_the_chain(built):
             assert session.ask(question).answer == extractive.NOT_FOUND
 
 
+def test_the_offline_answer_quotes_each_passage_once_while_others_remain():
+    """Toad Hall's passage is the most like the question in every sentence, but the city is in the
+    university's passage: Toad Hall's second sentence gives way to it. The vectors are set by hand
+    (cosines 0.95 and 0) so that the cosine alone would quote Toad Hall's passage three times."""
+    context = "\n".join([
+        "[S] Toad Hall is a residential hall in the Australian National University, opened in 1974. (from toad.md)",
+        "[S] Toad Hall is a residential hall for post-graduate students of the Australian National University. "
+        "(from toad.md)",
+        "[S] Toad Hall is a residential hall whose students come from some 50 countries. (from toad.md)",
+        "[S] The Australian National University is a research university located in Canberra. (from anu.md)",
+    ])
+
+    def embed(texts: list[str]) -> np.ndarray:
+        cosines = [0.0 if text.startswith("The Australian") else 0.95 if text.startswith("Toad") else 1.0
+                   for text in texts]  # the question last: 1.0
+        return np.array([[c, (1 - c * c) ** 0.5] for c in cosines])
+
+    answer = extractive.answer("Toad Hall is a residential hall in a university located in what Australian city?",
+                               context, embed)
+    assert "Canberra" in answer and answer.index("[anu.md]") < answer.index("[toad.md]", answer.index("[toad.md]") + 1)
+
+
 def test_what_the_question_asks_for():
     assert extractive.asks_for("How many stores are in the state where he lived when he died?") == "number"
     assert extractive.asks_for("When was the society founded?") == "date"

@@ -17,7 +17,9 @@ holds the kind of thing asked for. Each context sentence is scored by:
   many", a name not in the question for "who", "where", "which ...").
 
 The best sentences up to `MAX_WORDS` words (at least one) are the answer, best first, each with
-its documents. When the context never names what the question names (or, for a question that names
+its documents; a sentence from a passage already quoted gives way to the best one from another
+passage, since a chain's links lie in different passages (the first hop's passage names the bridge,
+another passage says what is asked about it). When the context never names what the question names (or, for a question that names
 nothing, no sentence holds two of its words), the answer says it was not found, instead of printing
 sentences that do not answer.
 """
@@ -170,11 +172,15 @@ def answer(question: str, context: str, embed) -> str:
     vectors = embed(texts + [question])
     score = (vectors[:-1] @ vectors[-1] + WORD_WEIGHT * words + TYPE_WEIGHT * holds + LINK_WEIGHT * link
              + LEVEL_WEIGHT * levels)
-    picked, used = [], 0
-    for i in np.argsort(-score, kind="stable").tolist():
-        size = len(texts[i].split())
-        if picked and (len(picked) == MAX_SENTENCES or used + size > MAX_WORDS):
-            continue
-        picked.append(i)
-        used += size
+    picked, used, quoted = [], 0, set()
+    ranked = np.argsort(-score, kind="stable").tolist()
+    while len(picked) < MAX_SENTENCES:
+        fits = [i for i in ranked if i not in picked and (not picked or used + len(texts[i].split()) <= MAX_WORDS)]
+        if not fits:
+            break
+        # a passage already quoted gives way to the next best from another: the chain's next link is elsewhere
+        best = next((i for i in fits if found[i][1] not in quoted), fits[0])
+        picked.append(best)
+        used += len(texts[best].split())
+        quoted.add(found[best][1])
     return f"{LABEL} " + " ".join(texts[i] + (f" [{found[i][1]}]" if found[i][1] else "") for i in picked)
