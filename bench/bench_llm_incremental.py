@@ -129,7 +129,7 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
         f"{len(base_members)} (the update has {len(update_members)}).",
         f"- `index --dry-run` before the update estimated {estimate['calls']:,} calls and "
         f"{estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the update made {actual_calls:,} calls "
-        f"({estimate['calls'] / max(actual_calls, 1):.0%} of the estimate's) of {actual_tokens:,} tokens "
+        f"(estimate {estimate['calls'] / max(actual_calls, 1):.0%} of them) and {actual_tokens:,} tokens "
         f"(estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(actual_tokens, 1):.0%} of them).",
     ]
     return lines, ok
