@@ -273,13 +273,14 @@ def test_summaries_in_many_parts_update_to_a_fresh_build(server, tmp_path, engin
     assert_same_tables(ws, fresh)
 
 
-def test_the_dry_run_estimates_what_an_update_will_ask(server, tmp_path):
+def test_the_dry_run_estimates_what_an_update_will_ask_and_a_community_that_stayed_asks_nothing(server, tmp_path):
     folder = _folder(tmp_path)
     config = _config(tmp_path, server.url)
     ws = tmp_path / "ws"
     fresh_estimate = json.loads(noderag("index", ws, "--input", folder, "--config", config, "--dry-run",
                                         "--json").stdout)["llm"]["total"]
     index(ws, folder, "--config", config)
+    before = set(_community_inputs(ws).values())
     changed = folder / "vessmouth.md"
     changed.write_text(changed.read_text() + "\nThe harbour master's office moved to the Custom House in 1911.\n")
     plan = json.loads(noderag("index", ws, "--input", folder, "--config", config, "--dry-run", "--json").stdout)
@@ -293,6 +294,13 @@ def test_the_dry_run_estimates_what_an_update_will_ask(server, tmp_path):
     # the bench finds 94% of the calls and 127% of the tokens)
     assert len(asked) <= plan["llm"]["total"]["calls"] <= 2 * len(asked), (estimated, len(asked))
     assert plan["llm"]["total"]["calls"] < fresh_estimate["calls"]  # the cached replies are not counted
+
+    # a community whose members (and their texts) stayed asks nothing; each one that changed asks once
+    after = _community_inputs(ws)
+    kept = [c for c, texts in after.items() if texts in before and len(texts) > 1]
+    moved = [c for c, texts in after.items() if texts not in before and len(texts) > 1]
+    assert kept and moved  # the update leaves some communities as they were and changes others
+    assert asked.count("community_elements") == len(moved), (len(kept), len(moved))
 
 
 def test_a_failed_attribute_is_listed_by_stats(tmp_path):
@@ -327,21 +335,3 @@ def _community_inputs(ws: Path) -> dict[int, tuple[str, ...]]:
         if row["id"] in text_of:
             members.setdefault(row["community"], []).append(text_of[row["id"]])
     return {c: tuple(sorted(texts)) for c, texts in members.items()}
-
-
-def test_a_community_whose_members_stayed_asks_nothing(server, tmp_path):
-    folder = _folder(tmp_path)
-    config = _config(tmp_path, server.url)
-    ws = tmp_path / "ws"
-    index(ws, folder, "--config", config)
-    before = set(_community_inputs(ws).values())
-    changed = folder / "vessmouth.md"
-    changed.write_text(changed.read_text() + "\nThe harbour master's office moved to the Custom House in 1911.\n")
-    server.reset()
-    index(ws, folder, "--config", config)
-    after = _community_inputs(ws)
-    kept = [c for c, texts in after.items() if texts in before and len(texts) > 1]
-    moved = [c for c, texts in after.items() if texts not in before and len(texts) > 1]
-    assert kept and moved  # the update leaves some communities as they were and changes others
-    asked = [task for task, _ in _requests(server)].count("community_elements")
-    assert asked == len(moved), (asked, len(kept), len(moved))
