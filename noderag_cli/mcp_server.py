@@ -25,55 +25,60 @@ INSTRUCTIONS = ("Search a NodeRAG knowledge graph built from a folder of documen
 
 
 class Searcher:
-    """A workspace opened for many calls, following its current build."""
+    """A workspace opened for many calls, following its current build. Calls run one at a time (a
+    search takes milliseconds), so a build is never closed under a call that reads it."""
 
     def __init__(self, workspace: Path):
         self.ws = Workspace(workspace)
         self.lock = threading.Lock()
         self.session = api.open_workspace(workspace, compiled=False)
 
-    def current(self) -> api.Session:
-        """The session on the build CURRENT names now (reopened when an `index` published another)."""
-        with self.lock:
-            name = self.ws.current_name()
-            if name is not None and name != self.session.generation:
-                fresh = api.open_workspace(self.ws.root, compiled=False)
-                self.session, old = fresh, self.session
-                old.close()
-            return self.session
+    def _current(self) -> api.Session:
+        """The session on the build CURRENT names now (reopened when an `index` published another);
+        called with the lock held."""
+        name = self.ws.current_name()
+        if name is not None and name != self.session.generation:
+            fresh = api.open_workspace(self.ws.root, compiled=False)
+            self.session, old = fresh, self.session
+            old.close()
+        return self.session
 
     def search(self, question: str, budget_tokens: int | None = None, answer: bool = False) -> dict:
-        session = self.current()
-        params = session.search_settings(**({} if budget_tokens is None else {"budget_tokens": budget_tokens}))
-        result = session.ask(question, answer=answer, params=params, explain=True)
-        return {"generation": session.generation, **result.as_dict()}
+        with self.lock:
+            session = self._current()
+            params = session.search_settings(**({} if budget_tokens is None else {"budget_tokens": budget_tokens}))
+            result = session.ask(question, answer=answer, params=params, explain=True)
+            return {"generation": session.generation, **result.as_dict()}
 
     def node(self, node_id: str) -> dict:
-        session = self.current()
-        retriever = session.retriever
-        row = retriever.row_of(node_id.strip())
-        if row is None:
-            raise QueryError(f"no node {node_id!r} in the current build ({session.generation}); node ids come "
-                               "from `search` results")
-        node = retriever.node_at(row).as_dict()
-        node.pop("score")
-        node.pop("via")
-        return {"generation": session.generation, **node,
-                "neighbours": [{k: v for k, v in n.as_dict().items() if k in ("id", "type", "text")}
-                               for n in retriever.neighbours(row, NEIGHBOURS_SHOWN)]}
+        with self.lock:
+            session = self._current()
+            retriever = session.retriever
+            row = retriever.row_of(node_id.strip())
+            if row is None:
+                raise QueryError(f"no node {node_id!r} in the current build ({session.generation}); node ids come "
+                                 "from `search` results")
+            node = retriever.node_at(row).as_dict()
+            node.pop("score")
+            node.pop("via")
+            return {"generation": session.generation, **node,
+                    "neighbours": [{k: v for k, v in n.as_dict().items() if k in ("id", "type", "text")}
+                                   for n in retriever.neighbours(row, NEIGHBOURS_SHOWN)]}
 
     def document(self, path: str) -> dict:
-        session = self.current()
-        chunks = session.retriever.document_chunks(path)
-        if chunks is None:
-            raise QueryError(f"no document {path!r} in the current build ({session.generation}); paths are "
-                               "relative to the indexed folder, as `search` results name them")
-        return {"generation": session.generation, "document": path,
-                "chunks": [{k: v for k, v in c.as_dict().items() if k in ("id", "text", "locations", "tokens")}
-                           for c in chunks]}
+        with self.lock:
+            session = self._current()
+            chunks = session.retriever.document_chunks(path)
+            if chunks is None:
+                raise QueryError(f"no document {path!r} in the current build ({session.generation}); paths are "
+                                 "relative to the indexed folder, as `search` results name them")
+            return {"generation": session.generation, "document": path,
+                    "chunks": [{k: v for k, v in c.as_dict().items() if k in ("id", "text", "locations", "tokens")}
+                               for c in chunks]}
 
     def close(self) -> None:
-        self.session.close()
+        with self.lock:
+            self.session.close()
 
 
 def require_sdk() -> None:
