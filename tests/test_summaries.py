@@ -53,7 +53,7 @@ def test_a_text_added_to_a_large_input_re_asks_one_part_per_level(tmp_path):
                 levels.append(len(requests))
                 return engine.attributes([AttributeInput("Vessmouth", texts) for _, texts in requests])
 
-            summary = summaries.in_parts([texts], ask, lambda _, s: nlp.split_sentences(s), 100, 7, nlp.count_tokens)
+            summary = summaries.in_parts([texts], [nlp.count_tokens(texts)], ask, lambda _, s: nlp.split_sentences(s), 100, 7, nlp.count_tokens)
             return summary[0], len(levels)
 
         first, levels = attribute(TEXTS)
@@ -78,6 +78,6 @@ def test_a_part_of_one_text_goes_up_unasked():
 
     leaves = summaries.leaves(texts, nlp.count_tokens(texts), 10, 7)
     assert any(len(leaf) == 1 for _, leaf in leaves) and len(leaves) > 1
-    result = summaries.in_parts([texts], ask, lambda _, s: nlp.split_sentences(s), 10, 7, nlp.count_tokens)[0]
+    result = summaries.in_parts([texts], [nlp.count_tokens(texts)], ask, lambda _, s: nlp.split_sentences(s), 10, 7, nlp.count_tokens)[0]
     assert not isinstance(result, Failure) and all(len(request) > 1 for request in asked)
     assert set(nlp.split_sentences(result)) == set(texts)  # every text reached the top

@@ -121,7 +121,7 @@ def run(
     names = nodes["name"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     tokens = nodes["tokens"].to_numpy().astype(np.int64)
-    items, sources = [], []
+    items, sources, counts = [], [], []
     for i in chosen.tolist():
         neighbours = graph.indices[graph.indptr[i] : graph.indptr[i + 1]]
         neighbours = neighbours[np.isin(graph.types[neighbours], ["S", "R"])]
@@ -131,13 +131,14 @@ def run(
         picked = [j for j, k in zip(neighbours, keep, strict=True) if k] or neighbours[:1]
         items.append(AttributeInput(entity=names[i] or texts[i], texts=tuple(texts[j] for j in picked)))
         sources.append((i, picked))
+        counts.append(tokens[picked].tolist())
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
         return engine.attributes([AttributeInput(entity=items[i].entity, texts=texts) for i, texts in requests])
 
     def as_texts(i: int, summary: str) -> list[str]:
         return nlp.split_sentences(summary.removeprefix(f"{items[i].entity}: "))
 
-    results = summaries.in_parts([item.texts for item in items], ask, as_texts, leaf_tokens, seed, count_tokens,
+    results = summaries.in_parts([item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed, count_tokens,
                                  progress)
     built = NodeSet()
     pairs, failures = [], {}

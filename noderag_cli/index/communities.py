@@ -113,24 +113,26 @@ def run(
     members: dict[int, list[int]] = defaultdict(list)
     for position, i in enumerate(content.tolist()):
         members[int(membership[i])].append(position)
-    items, shown = [], []
+    items, shown, counts = [], [], []
     for community in sorted(members):
         # attributes first, then best-connected units: the community's core fits the budget
         order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", -degree[content[p]],
                                                           graph.ids[content[p]]))
         keep = np.cumsum(tokens[order]) <= max_tokens
-        picked = [content[p] for p, k in zip(order, keep, strict=True) if k]
-        if len(picked) < 2:
+        kept = [p for p, k in zip(order, keep, strict=True) if k]
+        if len(kept) < 2:
             continue
+        picked = content[kept].tolist()
         items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
         shown.append(picked)
+        counts.append(tokens[kept].tolist())
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
         return engine.community_elements([CommunityInput(items[i].community, texts) for i, texts in requests])
 
     def as_texts(_: int, elements: list) -> list[str]:
         return [f"{e.title}: {e.description}" for e in elements]
 
-    results = summaries.in_parts([item.texts for item in items], ask, as_texts, leaf_tokens, seed, count_tokens,
+    results = summaries.in_parts([item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed, count_tokens,
                                  progress)
 
     built = NodeSet()

@@ -47,11 +47,14 @@ def leaves(texts: Sequence[str], tokens: Sequence[int], leaf_tokens: int, seed: 
 
 
 def in_parts(
-    inputs: Sequence[Sequence[str]], ask: Callable[[list[tuple[int, tuple[str, ...]]]], list[Any]],
+    inputs: Sequence[Sequence[str]], tokens: Sequence[Sequence[int]],
+    ask: Callable[[list[tuple[int, tuple[str, ...]]]], list[Any]],
     as_texts: Callable[[int, Any], list[str]], leaf_tokens: int, seed: int,
     count_tokens: Callable[[list[str]], list[int]], finished: Callable[[int], None] | None = None,
 ) -> list[Any]:
     """The summary of each input (a sequence of texts), or the Failure of one of its parts.
+    `tokens` holds each input's token counts (the nodes' stored ones: counting again would cost
+    more than the rest of the tree); `count_tokens` counts the summaries a level sends up.
 
     `ask([(input, texts), ...])` answers one batch of requests (the engine's task, every request of
     a level at once); `as_texts(input, result)` gives a part's summary as the texts the next level
@@ -61,10 +64,9 @@ def in_parts(
     results: list[Any] = [None] * len(inputs)
     slots_below: dict[int, int] = {}  # per input: the slot count of the level its parts come from
     requests: list[tuple[int, int, tuple[str, ...]]] = []  # (input, slot, texts)
-    for i, texts in enumerate(inputs):
-        tokens = count_tokens(list(texts)) if texts else []
-        slots_below[i] = _leaf_count(int(sum(tokens)), leaf_tokens)
-        requests += [(i, slot, tuple(texts[p] for p in leaf)) for slot, leaf in leaves(texts, tokens, leaf_tokens, seed)]
+    for i, (texts, counts) in enumerate(zip(inputs, tokens, strict=True)):
+        slots_below[i] = _leaf_count(int(sum(counts)), leaf_tokens)
+        requests += [(i, slot, tuple(texts[p] for p in leaf)) for slot, leaf in leaves(texts, counts, leaf_tokens, seed)]
     while requests:
         parts_of: dict[int, int] = {}
         for i, _, _ in requests:
