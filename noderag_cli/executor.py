@@ -6,8 +6,10 @@ in the batches' order, whatever ran them and in whatever order they finished, so
 never depends on where its work ran. Locally the batches go to worker processes (one per core
 unless `executor.workers` says otherwise), started through a fork server: a clean process that
 imported the package once, so a worker starts in milliseconds and inherits none of the run's
-threads, open files or the workspace lock. Work too small to be worth a pool (a single batch)
-runs in this process.
+threads, open files or the workspace lock. Work too small to be worth a pool runs in this
+process: fewer than `POOL_BATCHES_PER_WORKER` batches per worker, since starting a pool (the fork
+server importing the package, each worker loading its models) costs about as much as that much work
+(docs/benchmarks.md, the incremental update).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .config import ExecutorConfig
 
 PRELOAD = ["noderag_cli.index.chunk", "noderag_cli.index.decompose", "noderag_cli.engines.offline",
            "noderag_cli.embeddings"]
+POOL_BATCHES_PER_WORKER = 2
 
 
 def local_workers(config: ExecutorConfig) -> int:
@@ -86,7 +89,7 @@ class Executor:
             done: Callable[[Any, Any], None] | None = None) -> list:
         """function(batch) for every batch, results in the batches' order; `done(batch, result)` is
         called in this process as each result arrives, in that order too."""
-        if self.workers <= 1 or len(batches) < 2:
+        if self.workers <= 1 or len(batches) < POOL_BATCHES_PER_WORKER * self.workers:
             results = []
             for batch in batches:
                 results.append(function(batch))

@@ -150,6 +150,25 @@ def test_one_worker_and_several_give_the_same_tables(tmp_path, built):
     assert_same_tables(tmp_path / "a", built)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+def test_work_too_small_for_a_pool_runs_in_this_process():
+    """An update of a few documents must not pay for starting worker processes: fewer batches than
+    POOL_BATCHES_PER_WORKER per worker run here, more go to the workers. (`readlink /proc/self`
+    names the process that ran the batch.)"""
+    import os
+
+    from noderag_cli.executor import POOL_BATCHES_PER_WORKER, Executor
+
+    executor = Executor(2)
+    try:
+        few = executor.map(os.readlink, ["/proc/self"] * (2 * POOL_BATCHES_PER_WORKER - 1))
+        many = executor.map(os.readlink, ["/proc/self"] * (2 * POOL_BATCHES_PER_WORKER))
+    finally:
+        executor.close()
+    assert set(few) == {str(os.getpid())}
+    assert str(os.getpid()) not in many and len(set(many)) >= 1
+
+
 def _descendants(root: int) -> set[int]:
     parents = {}
     for entry in Path("/proc").iterdir():

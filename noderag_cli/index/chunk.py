@@ -100,6 +100,7 @@ UNSUPPORTED = {
 """Document formats a folder often holds that no reader takes: reported, never passed over in silence."""
 
 SCAN_PROGRESS = 1000  # files read between two progress reports
+TEXT_BATCH = 1024  # text documents cut per batch of work: a batch is worth sending to a worker
 MAX_LINE_CHARS = 1_000_000
 """A file with a longer line is skipped: that is a data dump or minified file, not prose, and
 chunking and decomposing it as text would take minutes and fill the graph with noise."""
@@ -530,7 +531,7 @@ def document_chunks(
     keys = {p: extraction_key(files[p], identity) for p in todo if files[p].extracted}
     stored = cache.get_many("extract", list(keys.values())) if cache is not None and keys else {}
     texts = [p for p in todo if not files[p].extracted]
-    batches = [texts[i : i + 256] for i in range(0, len(texts), 256)] + [[p] for p in todo if files[p].extracted]
+    batches = [texts[i : i + TEXT_BATCH] for i in range(0, len(texts), TEXT_BATCH)] + [[p] for p in todo if files[p].extracted]
     limits = (settings.extract_seconds, settings.extract_memory_mb, settings.extract_expanded_mb)
     jobs = [([_work_item(files[p], keys.get(p, ""), stored) for p in batch], settings.chunk_tokens,
              settings.overlap_tokens, limits) for batch in batches]
