@@ -427,7 +427,7 @@ def query(
                                                 help="YAML config for search and engine settings")] = None,
     context_only: Annotated[bool, typer.Option("--context-only", help="retrieve only, no answer step")] = False,
     show_context: Annotated[bool, typer.Option("--show-context", help="print the retrieved nodes too")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable result (see README)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable result (see docs/usage.md)")] = False,
     html_page: Annotated[Path | None, typer.Option(
         "--html", metavar="FILE", help="also write a self-contained HTML page showing the subgraph each question "
                                        "used: entry points, the walk's paths, the context")] = None,

@@ -129,7 +129,7 @@ class SearchConfig(_Section):
     ppr_min_mass: float = Field(
         2e-6, ge=0, description="approximate (push) PPR: a node spreads only while its edges carry more than this "
         "each on average, and nodes with this much or less are let go after each step; a bounded frontier at any size "
-        "(paper: 0; README)")
+        "(paper: 0; docs/search.md)")
     similarity_weight: float = Field(
         0.0, ge=0, description="weight of the similarity (HNSW) edges in the walk, against 1 for a structural edge; "
         "spec: 1; 0 measured better: similarity already picks the entry points and ranks the result")

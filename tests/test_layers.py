@@ -71,3 +71,33 @@ def test_the_layer_check_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     found = imports(fake / "workspace.py")
     assert found == [(2, "cli")] and layers()["cli"] < layers()["workspace"]
+
+
+def version_constants(package: Path) -> list[str]:
+    """`module.NAME` of every module-level constant whose name holds VERSION (dotted from the package,
+    `readers` for `readers/__init__.py`)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        module = ".".join(path.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            found += [f"{module}.{t.id}" for t in targets if isinstance(t, ast.Name) and "VERSION" in t.id]
+    return found
+
+
+def test_every_version_constant_is_listed_with_what_bumping_it_redoes():
+    """A version constant decides whether stored work is reused; docs/architecture.md says, for each,
+    what bumping it re-runs. A new one must be added there."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text.split("## Versions", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w./]+)`", table, flags=re.MULTILINE))
+    constants = version_constants(PACKAGE)
+    assert len(constants) >= 10
+    missing = [c for c in constants if c.replace(".", "/", c.count(".") - 1) not in listed]
+    assert missing == [], "version constants docs/architecture.md does not list (section Versions)"
+
+
+def test_the_version_check_sees_a_new_constant(tmp_path):
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / "new_stage.py").write_text("LISTS_VERSION = 2\nother = 1\n")
+    assert version_constants(tmp_path) == ["index.new_stage.LISTS_VERSION"]

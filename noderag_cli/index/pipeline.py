@@ -82,7 +82,7 @@ class IndexResult:
     rate_limit_seconds: float = 0.0
 
     def as_dict(self) -> dict:
-        """The summary `index --json` prints (README)."""
+        """The summary `index --json` prints (docs/usage.md)."""
         return {"seconds": round(self.seconds, 3), "nodes": self.node_counts, "edges": self.edge_count,
                 "documents": self.documents, "skipped_files": [{"path": p, "reason": r} for p, r in self.skipped_files],
                 "failures": self.failures,
