@@ -101,8 +101,7 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
         entries = np.union1d(exact, vector).astype(np.int64)
         support, mass = shallow_ppr(r.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
                                     params.ppr_iterations)
-        rows, scores = r.select(support, mass, entries, uniform_start(entries), params, query,
-                                r.vector_side.similarities(query))
+        rows, scores = r.select(support, mass, entries, uniform_start(entries), params, query)
         walk = dict(zip(support.tolist(), mass.tolist(), strict=True))
         for e in entries.tolist():
             walk[e] = max(walk[e] - params.ppr_alpha / len(entries), 0.0)
@@ -122,6 +121,27 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
                 # which is more than 1e-5 relative for a node almost orthogonal to the question
                 assert got[n] == pytest.approx(score[n], rel=1e-5, abs=np.sqrt(walk[n]) * 2e-6), (n, cosine.get(n))
         assert all(r.type_codes[n] <= TYPE_CODE["R"] for n in got)
+
+
+def test_a_questions_cosines_are_computed_once_with_the_same_bits(session):
+    """The second round reuses the first round's cosines (search/vectors.QuestionCosines): each
+    call gives exactly what computing every row again gives, overlapping, in any order, any number
+    of calls."""
+    import numpy as np
+
+    from noderag_cli.search.vectors import QuestionCosines
+
+    side = session.retriever.vector_side
+    query = session.retriever.embed_question(QUESTIONS[0]["question"])
+    rng = np.random.default_rng(3)
+    n = len(side.vector_of_node[side.vector_of_node >= 0])
+    memo = QuestionCosines(side, query)
+    for size in (n // 3, n // 2, n // 4):
+        rows = np.sort(rng.choice(n, size, replace=False))
+        assert np.array_equal(memo(rows), side.cosines(query, rows))
+        shuffled = rng.permutation(rows)
+        assert np.array_equal(memo(shuffled), side.cosines(query, shuffled))
+    assert np.array_equal(memo(np.zeros(0, np.int64)), np.zeros(0, np.float32))
 
 
 def test_context_is_deterministic_and_grouped_by_type(session):

@@ -49,7 +49,7 @@ from .prepare import (
     VERSION as PREPARED_VERSION,
 )
 from .results import Retrieval, RetrievedNode
-from .vectors import VectorSide
+from .vectors import QuestionCosines, VectorSide
 
 MAX_QUESTION_CHARS = 20_000
 MAX_PLACES = 10  # places shown per node (a community summary can come from hundreds of chunks)
@@ -313,7 +313,8 @@ class Retriever:
         result.timings["ppr_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        rows, relevance = self.select(support, mass, entries, start, params, query_vector)  # rows ascending
+        cosines = QuestionCosines(self.vector_side, query_vector)
+        rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines)  # rows ascending
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         first_entries, bridges = entries, np.zeros(0, np.int64)
         if params.second_round_chunks > 0 and len(rows):
@@ -323,7 +324,7 @@ class Retriever:
             if len(bridges):
                 entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
                 support, mass = self.walk(entries, start, params)
-                rows, relevance = self.select(support, mass, entries, start, params, query_vector)
+                rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines)
                 result.entry_points["bridge"] = self.id_of(bridges)
             result.timings["second_round_ms"] = (time.perf_counter() - t0) * 1000
 
@@ -411,7 +412,7 @@ class Retriever:
                                       params.ppr_min_mass)
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, start: np.ndarray,
-               params: SearchConfig, query_vector: np.ndarray, similarities: np.ndarray | None = None,
+               params: SearchConfig, query_vector: np.ndarray, cosines: QuestionCosines | None = None,
                ) -> tuple[np.ndarray, np.ndarray]:
         """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
         each is ranked by in the context. Works on the walk's support only, never the whole graph.
@@ -420,8 +421,8 @@ class Retriever:
         rank "walk_similarity": a node's walk mass is its PPR score less its own teleport share
         (alpha x its share of the start for an entry point, which would otherwise outrank every
         cross node); every retrievable node the walk reached is scored by sqrt(walk) x similarity
-        to the question (its cosine, computed for the reached nodes, or taken from `similarities`,
-        a full scan of the S, A and H vectors, where given) and the quota best of each type are
+        to the question (its cosine, computed for the reached nodes, through `cosines` where given:
+        a question's second round reuses the first's) and the quota best of each type are
         kept (the same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
         embedded, take the mean similarity of the reached embedded nodes at half weight, on one
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
@@ -444,13 +445,7 @@ class Retriever:
         vectors = self.vector_side
         vector_rows = vectors.vector_of_node[support]
         embedded = vector_rows >= 0  # T, S, A and H nodes
-        if similarities is None:
-            found = vectors.cosines(query_vector, vector_rows[embedded])
-        else:
-            position = vectors.scanned_position[vector_rows[embedded]]
-            found = similarities[position]
-            unscanned = position < 0  # chunks
-            found[unscanned] = vectors.cosines(query_vector, vector_rows[embedded][unscanned])
+        found = (cosines or QuestionCosines(vectors, query_vector))(vector_rows[embedded])
         similarity = np.zeros(len(support))
         similarity[embedded] = np.maximum(found, 0.0)
         relation_similarity = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5

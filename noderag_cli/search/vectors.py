@@ -63,6 +63,40 @@ def inner_products_at(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) 
     return inner_products(widen(vectors, np.asarray(rows, dtype=np.int64)), query)
 
 
+class QuestionCosines:
+    """One question's cosines to vector rows, each row computed once: a second round's walk reaches
+    mostly what the first reached. The same bits as computing them again (each row's product is
+    its own: `inner_products`)."""
+
+    def __init__(self, side: VectorSide, query: np.ndarray):
+        self.side, self.query = side, query
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted rows, their cosines) per call
+
+    def __call__(self, vector_rows: np.ndarray) -> np.ndarray:
+        """The cosine of each of `vector_rows` (distinct; a walk's support gives them ascending)."""
+        rows = np.asarray(vector_rows, dtype=np.int64)
+        if len(self._parts) > 1:  # merged only when a third call needs it: a question makes two
+            merged = np.concatenate([p[0] for p in self._parts])
+            order = np.argsort(merged, kind="stable")
+            self._parts = [(merged[order], np.concatenate([p[1] for p in self._parts])[order])]
+        out = np.empty(len(rows), np.float32)
+        known = np.zeros(len(rows), bool)
+        if self._parts:
+            stored, values = self._parts[0]
+            where = np.searchsorted(stored, rows)
+            known = where < len(stored)
+            known[known] = stored[where[known]] == rows[known]
+            out[known] = values[where[known]]
+        new = rows[~known]
+        out[~known] = fresh = self.side.cosines(self.query, new)
+        if len(new):
+            if np.any(new[1:] <= new[:-1]):
+                order = np.argsort(new, kind="stable")
+                new, fresh = new[order], fresh[order]
+            self._parts.append((new, fresh))
+        return out
+
+
 def rounded_to_int8(query: np.ndarray) -> tuple[np.ndarray, float]:
     """The query on the int8 grid the codes are compared against (integers in [-127, 127], as
     float64) and the scale that put it there; computed in float64, so both vector paths round alike."""
