@@ -28,7 +28,6 @@ from .engines.offline import OfflineEngine
 from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
 from .executor import make_executor
 from .files import atomic_write_bytes
-from .graph import NODE_TYPES
 from .index import assemble
 from .index.chunk import check_input_folder, document_chunks, scan
 from .index.decompose import cache_key
@@ -44,6 +43,7 @@ from .index.pipeline import (
     scan_digest_of,
     settings_digest,
 )
+from .node_types import NODE_TYPES
 from .questions import Question, read_jsonl
 from .workspace import Generation, Workspace, damaged, refuse_output_inside, repair_hint
 

@@ -24,9 +24,9 @@ from .engines.offline import OfflineEngine
 from .engines.transport import SpendingCap
 from .errors import BadInputError
 from .executor import Executor
-from .graph import EMBEDDED_TYPES
 from .index.pipeline import run_pipeline
 from .nlp import count_tokens
+from .node_types import EMBEDDED_TYPES
 from .workspace import Workspace
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples

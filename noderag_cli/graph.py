@@ -17,15 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-NODE_TYPES = ("T", "S", "N", "R", "A", "H", "O")
-RETRIEVABLE_TYPES = ("T", "S", "A", "H", "R")
-EMBEDDED_TYPES = ("T", "S", "A", "H")
 EDGE_KINDS = ("S-N", "S-R", "R-N", "A-N", "H-O", "H-S", "H-A", "T-S", "similarity")
 
 NODE_SCHEMA = pa.schema(
     [
         ("id", pa.string()),  # `<type>_<hash>`
-        ("type", pa.string()),  # one of NODE_TYPES
+        ("type", pa.string()),  # one of node_types.NODE_TYPES
         ("text", pa.string()),  # what the context shows; N and O: the name
         ("name", pa.string()),  # N: entity name, O: title, A: its entity's name, else ""
         ("chunk_ids", pa.list_(pa.string())),  # T chunks the node was derived from, sorted

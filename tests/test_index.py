@@ -33,8 +33,9 @@ from conftest import (
     read_bytes,
 )
 
-from noderag_cli.graph import EDGE_COLUMNS, EDGE_KINDS, NODE_COLUMNS, NODE_TYPES, entity_id
+from noderag_cli.graph import EDGE_COLUMNS, EDGE_KINDS, NODE_COLUMNS, entity_id
 from noderag_cli.index.pipeline import STAGE_NAMES as STAGES
+from noderag_cli.node_types import NODE_TYPES
 from noderag_cli.workspace import Workspace
 
 STRUCTURAL = [k for k in EDGE_KINDS if k != "similarity"]

@@ -90,8 +90,8 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
     its quota best by sqrt(walk) x similarity, computed here the long way with full dot products."""
     import numpy as np
 
+    from noderag_cli.node_types import TYPE_CODE
     from noderag_cli.search.ppr import shallow_ppr, uniform_start
-    from noderag_cli.search.retriever import TYPE_CODE
 
     r = session.retriever
     params = r.config.search

@@ -158,8 +158,8 @@ def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
 def test_the_bridge_kernel_equals_bridge_candidates():
     """The second round's candidates, compiled and numpy, on random typed graphs whose nodes have no,
     one or several documents (similarity-like edges join chunks and units of other documents)."""
+    from noderag_cli.node_types import TYPE_CODE
     from noderag_cli.search import kernels, rounds
-    from noderag_cli.search.prepare import TYPE_CODE
 
     rng = np.random.default_rng(21)
     checked = 0

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 from ..config import SearchConfig, changed
-from ..graph import EMBEDDED_TYPES
+from ..node_types import EMBEDDED_TYPES
 from ..search.prepare import SCANNED
 from ..search.retriever import Retriever
 from .baselines import Strategy, StrategySpec, vector_context

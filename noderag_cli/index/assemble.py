@@ -26,7 +26,8 @@ from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, NODE_TYPES, merge_edges
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, merge_edges
+from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
 from ..workspace import Generation, Workspace
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..embeddings import Embedder
-from ..graph import EMBEDDED_TYPES
+from ..node_types import EMBEDDED_TYPES
 
 
 def run(nodes: pa.Table, embedder: Embedder) -> tuple[list[str], np.ndarray]:

@@ -46,7 +46,8 @@ from ..engines.base import Engine, EngineStats
 from ..errors import WorkspaceError
 from ..executor import Executor
 from ..files import atomic_write_bytes, atomic_write_with, file_digest, json_digest, write_parquet
-from ..graph import NODE_TYPES, edge_rows, merge_edges
+from ..graph import edge_rows, merge_edges
+from ..node_types import NODE_TYPES
 from ..search import prepare
 from ..workspace import CACHE_KEYS, Workspace
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-CHUNK, UNIT, ATTRIBUTE, HIGH_LEVEL, RELATION, ENTITY, OVERVIEW = range(7)  # type codes: "TSAHRNO", as retriever.TYPE_CODE
+from ..node_types import CHUNK, ENTITY, OVERVIEW, RELATION, UNIT
 
 
 @numba.njit(cache=True)

@@ -38,14 +38,12 @@ import pyarrow.compute as pc
 
 from .. import ivf
 from ..graph import csr_arrays
+from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
 VERSION = 6  # of these structures' definition (6: where each node came from); a build of another is rebuilt
-TYPE_CODE = {t: i for i, t in enumerate("TSAHRNO")}  # retrievable types first
-TYPE_LETTERS = np.array(list(TYPE_CODE), dtype="<U1")  # by type code
-MAX_RETRIEVABLE_CODE = TYPE_CODE["R"]
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")

@@ -29,15 +29,13 @@ from ..engines.base import Engine
 from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
 from ..index.chunk import place_of
+from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from ..workspace import Generation, damaged, repair_hint
 from . import QueryError, context, paths, rounds
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr
 from .prepare import (
-    MAX_RETRIEVABLE_CODE,
     SCANNED,
-    TYPE_CODE,
-    TYPE_LETTERS,
     WALK_ARRAYS,
     Prepared,
     node_ids,

@@ -28,8 +28,8 @@ import pyarrow as pa
 
 from ..graph import row_entries
 from ..nlp import is_value
+from ..node_types import TYPE_CODE
 from .ppr import WalkMatrix, uniform_start
-from .prepare import TYPE_CODE
 
 MAX_BRIDGE_UNITS = 50
 """Best first-round units looked at for the chunks they come from."""

@@ -14,7 +14,8 @@ import faiss
 import numpy as np
 
 from ..graph import row_entries
-from .prepare import SCANNED, TYPE_CODE
+from ..node_types import TYPE_CODE
+from .prepare import SCANNED
 
 SCAN8_CANDIDATES = 48  # the int8 scan's best, rescored exactly: enough in every question of both dev sets
 SCAN8_SLACK = 1e-5  # float32 rounding of an exact 256-term dot product, with room to spare
