@@ -34,6 +34,7 @@ from noderag_cli.cache import Cache
 from noderag_cli.config import LLMConfig
 from noderag_cli.engines import llm
 from noderag_cli.engines.base import AttributeInput, ChunkInput
+from noderag_cli.engines.litellm_import import load_litellm
 from tests.llm_support.fault_server import FaultServer, max_in_window
 
 
@@ -138,7 +139,7 @@ _MEASURES = ("wall", "inside", "overlap", "litellm_steps", "engine_steps", "logg
 
 
 def bench_overhead(n: int, repeats: int) -> list[str]:
-    lt = llm.load_litellm()  # first: it sets litellm up offline
+    lt = load_litellm()  # first: it sets litellm up offline
     from litellm.litellm_core_utils.litellm_logging import Logging
 
     acc = dict.fromkeys(_MEASURES, 0.0)

@@ -23,7 +23,8 @@ import yaml
 from .cache import Cache, cache_damage, salvage_cache
 from .config import Config, SearchConfig, changed, load_config
 from .embeddings import Embedder
-from .engines.base import Engine, identity
+from .engines.base import Engine
+from .engines.identity import identity
 from .engines.offline import OfflineEngine
 from .errors import ConfigError, DamagedError, InputError, NoBuildError, QuestionFileError, WorkspaceError
 from .executor import make_executor

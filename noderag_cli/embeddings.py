@@ -138,7 +138,8 @@ def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.n
     """Vectors of `texts` from a model behind litellm, `config.batch_size` texts per request, as
     the model gives them (not normalised); EngineError (one line) when the model cannot be asked
     or gives vectors of another dimension than `config.dim`."""
-    from .engines.transport import CAP_REACHED, _CallFailed, load_litellm
+    from .engines.litellm_import import load_litellm
+    from .engines.transport import CAP_REACHED, _CallFailed
 
     auth = transport.auth()  # a missing key or an unroutable model, before any request
     lt = load_litellm()

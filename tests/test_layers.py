@@ -101,3 +101,81 @@ def test_the_version_check_sees_a_new_constant(tmp_path):
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "new_stage.py").write_text("LISTS_VERSION = 2\nother = 1\n")
     assert version_constants(tmp_path) == ["index.new_stage.LISTS_VERSION"]
+
+
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """Dotted module -> the package's modules it imports, inside functions too (a lazy import is
+    still a dependency: it only hides a cycle until the call)."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(package).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(p): p for p in package.rglob("*.py")}
+    found: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                target = here[: len(here) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+                for alias in node.names:  # `from . import x` and `from .pkg import x` may name a module
+                    as_module = ".".join([*target, alias.name])
+                    deps.add(as_module if as_module in modules else ".".join(target))
+        found[module] = {d for d in deps if d in modules and d != module}
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack, on_stack, groups = [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def test_no_import_cycles_within_the_package():
+    """Imports run downwards between layers (above); within a layer, no two modules may import
+    each other, directly or around a loop, lazily or not."""
+    assert cycles(module_imports(PACKAGE)) == []
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path):
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "__init__.py").write_text("")
+    (tmp_path / "engines" / "a.py").write_text("from .b import f\n")
+    (tmp_path / "engines" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "engines" / "c.py").write_text("def g():\n    from .a import f\n")
+    (tmp_path / "other.py").write_text("from .engines import a\n")
+    assert cycles(module_imports(tmp_path)) == [["engines.a", "engines.b", "engines.c"]]

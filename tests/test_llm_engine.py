@@ -48,6 +48,7 @@ def _need_litellm():
 
 _need_litellm()
 from noderag_cli.embeddings import Embedder  # noqa: E402
+from noderag_cli.engines.litellm_import import load_litellm  # noqa: E402
 from noderag_cli.engines.llm import CACHE_NS, EngineError, LiteLLMEngine  # noqa: E402
 from noderag_cli.engines.pricing import (  # noqa: E402
     count_tokens,
@@ -56,7 +57,6 @@ from noderag_cli.engines.pricing import (  # noqa: E402
     prompt_token_bound,
     prompt_tokens_for,
 )
-from noderag_cli.engines.transport import load_litellm  # noqa: E402
 
 CHUNKS = [
     ChunkInput("c1", (

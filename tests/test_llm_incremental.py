@@ -86,7 +86,7 @@ def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
 def test_new_prompts_are_not_served_old_decompositions(monkeypatch):
     from noderag_cli.config import LLMConfig
     from noderag_cli.engines import prompts
-    from noderag_cli.engines.base import identity
+    from noderag_cli.engines.identity import identity
 
     llm = LLMConfig(engine="litellm", model="openai/fault-model")
     before = identity(llm)["name"]

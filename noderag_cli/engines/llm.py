@@ -57,15 +57,15 @@ from .base import (
     Failure,
     TaskStats,
     Unit,
-    identity,
 )
+from .identity import identity
+from .litellm_import import load_litellm
 from .pricing import count_tokens, prompt_token_bound
 from .transport import (
     Transport,
     _CacheWriter,
     _CallFailed,
     _refuses_connections,
-    load_litellm,
 )
 
 CACHE_NS = "llm"

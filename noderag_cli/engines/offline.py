@@ -41,8 +41,8 @@ from .base import (
     EngineStats,
     Failure,
     Unit,
-    identity,
 )
+from .identity import identity
 
 MAX_RELATION_WORDS = 8
 MIN_UNIT_WORDS = 4

@@ -9,13 +9,7 @@ from typing import Any
 
 from ..config import Price
 from . import prompts
-
-
-def _litellm():
-    from .transport import load_litellm
-
-    return load_litellm()
-
+from .litellm_import import load_litellm
 
 _UNPRICED: set[str] = set()
 """Models litellm's local price table has no price for (the table does not change during a run)."""
@@ -41,7 +35,7 @@ def price_of(model: str, input_tokens: int, output_tokens: int, price: Price | N
 @functools.lru_cache(maxsize=4096)
 def _price(model: str, input_tokens: int, output_tokens: int) -> float | None:
     try:
-        prompt_cost, completion_cost = _litellm().cost_per_token(
+        prompt_cost, completion_cost = load_litellm().cost_per_token(
             model=model, prompt_tokens=input_tokens, completion_tokens=output_tokens
         )
     except Exception:
@@ -93,7 +87,7 @@ def prompt_token_bound(model: str, messages: list[dict]) -> int:
 
 
 def _count_all(model: str, messages: list[dict]) -> int:
-    lt = _litellm()
+    lt = load_litellm()
     try:
         return int(lt.token_counter(model=model, messages=messages))
     except Exception:

@@ -35,7 +35,6 @@ import socket
 import threading
 import time
 import urllib.parse
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from ..config import Price
 from ..errors import EngineError
 from ..limiter import SlidingWindowLimiter
 from .base import Advance, EngineStats, TaskStats
+from .litellm_import import load_litellm
 from .pricing import price_of
 
 _log = logging.getLogger("noderag.llm")
@@ -82,36 +82,6 @@ def _root_cause(err: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- litellm import
-_LITELLM: Any = None
-_IMPORT_LOCK = threading.Lock()
-
-
-def load_litellm():
-    """litellm, imported on first use with its price table local and its chatter off."""
-    global _LITELLM
-    if _LITELLM is None:
-        with _IMPORT_LOCK:
-            if _LITELLM is None:
-                os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-                os.environ.setdefault("LITELLM_LOG", "CRITICAL")
-                # its pydantic models warn about ReadOnly TypedDict items, at import and first use
-                warnings.filterwarnings("ignore", message=r"Items? '.*' on TypedDict class", category=UserWarning)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    import litellm
-
-                litellm.telemetry = False
-                litellm.suppress_debug_info = True
-                litellm.disable_hf_tokenizer_download = True  # token counts must never hit the network
-                # the transport retries, and counts each wait; litellm's embedding path reads an explicit
-                # max_retries=0 as "unset" and would retry 429s unseen with this default
-                litellm.DEFAULT_MAX_RETRIES = 0
-                for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm", "httpx", "openai"):
-                    logging.getLogger(name).setLevel(logging.CRITICAL)
-                _LITELLM = litellm
-    return _LITELLM
-
-
 # --------------------------------------------------------------------------- event loop
 class _LoopThread:
     """One asyncio loop in a daemon thread, shared by all engines of a process."""
