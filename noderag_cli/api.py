@@ -22,7 +22,7 @@ import yaml
 
 from .cache import Cache, cache_damage, salvage_cache
 from .config import Config, SearchConfig, changed, load_config
-from .embeddings import Embedder
+from .embeddings import Embedder, check_embedding, model_id
 from .engines.base import Engine
 from .engines.identity import identity
 from .engines.offline import OfflineEngine
@@ -225,11 +225,7 @@ def build_config(generation: Generation, ws: Workspace, config_path: Path | None
     config = load_config(config_path)
     if "embedding" not in (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}):
         config = config.model_copy(update={"embedding": own.embedding})
-    if _model_of(config.embedding) != _model_of(own.embedding):
-        raise WorkspaceError(
-            f"workspace {ws.root} was indexed with embedding {own.embedding.backend}:{own.embedding.model}; "
-            "the config asks for another model"
-        )
+    check_embedding(ws.root, model_id(own.embedding), model_id(config.embedding))
     return config
 
 
@@ -252,10 +248,6 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
     except BaseException:
         generation.close()
         raise
-
-
-def _model_of(embedding) -> tuple:
-    return embedding.backend, embedding.model, embedding.dim
 
 
 def query(workspace: str | Path, question: str, answer: bool = True, config: Config | None = None) -> Retrieval:

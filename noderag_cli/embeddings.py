@@ -24,7 +24,7 @@ import numpy as np
 from . import nlp
 from .cache import Cache
 from .config import EmbeddingConfig
-from .errors import ConfigError, EngineError, SpendingCapError
+from .errors import ConfigError, EngineError, SpendingCapError, WorkspaceError
 from .executor import Executor
 from .ivf import in_parallel, on_stored_grid
 
@@ -170,12 +170,25 @@ def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.n
                           f"{transport.safe(str(err))}") from None
 
 
+def model_id(config: EmbeddingConfig) -> str:
+    """What names a model's vectors in a workspace (its manifest's `embedding.model`)."""
+    return f"{config.backend}:{config.model}:{config.dim}"
+
+
+def check_embedding(workspace, recorded: str | None, wanted: str) -> None:
+    """A workspace's vectors are searched and extended only with the model that made them
+    (`recorded`, None before the first build): the one refusal of another."""
+    if recorded and recorded != wanted:
+        raise WorkspaceError(f"workspace {workspace} holds vectors of the embedding model {recorded}, the config asks "
+                             f"for {wanted}: search it with its own model, or index into a new workspace for another")
+
+
 class Embedder:
     def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None):
         self.config = config
         self.cache = cache
         self.executor = executor
-        self.model_id = f"{config.backend}:{config.model}:{config.dim}"
+        self.model_id = model_id(config)
         # what a model's reply is cached under: the model and, for the bundled one, how it is pooled
         self._computed_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns

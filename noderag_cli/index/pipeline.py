@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from .. import ivf, readers
 from ..config import COST_ONLY, Config, config_to_yaml
-from ..embeddings import Embedder
+from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import WorkspaceError
 from ..executor import Executor
@@ -343,16 +343,6 @@ def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], s
                         "scan": scan_digest if stage.reads_input else None})
 
 
-def check_embedding_model(ws: Workspace, embedder: Embedder) -> None:
-    manifest = ws.read_manifest()
-    recorded = manifest.get("embedding")
-    if recorded and (recorded["model"] != embedder.model_id or recorded["dim"] != embedder.dim):
-        raise WorkspaceError(
-            f"workspace {ws.root} holds vectors of {recorded['model']} (dim {recorded['dim']}), the config asks for "
-            f"{embedder.model_id} (dim {embedder.dim}); use a new workspace for another embedding model"
-        )
-
-
 def _kill_point(stage: str, point: str) -> None:
     """The test hook described in the module docstring."""
     if os.environ.get(KILL_ENV) == f"{stage}:{point}":
@@ -480,7 +470,7 @@ def run_pipeline(
     reporter = reporter or Reporter()
     log = ws.logger()
     started = time.perf_counter()
-    check_embedding_model(ws, embedder)
+    check_embedding(ws.root, (ws.read_manifest().get("embedding") or {}).get("model"), embedder.model_id)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
     files = chunk.scan(input_folder, config.chunk, reporter.advance)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from .. import ivf
 from ..config import Config, SearchConfig
-from ..embeddings import Embedder
+from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine
 from ..errors import WorkspaceError
 from ..graph import Graph, row_entries
@@ -109,11 +109,7 @@ class Retriever:
         loading = threading.Thread(target=_load_kernels, name="noderag-kernels", daemon=True) if compiled else None
         if loading is not None:
             loading.start()
-        recorded = generation.manifest.get("embedding") or {}
-        if recorded and (recorded.get("model") != embedder.model_id or recorded.get("dim") != embedder.dim):
-            raise WorkspaceError(
-                f"workspace {generation.ws_root} holds vectors of {recorded.get('model')} (dim {recorded.get('dim')}), "
-                f"the config asks for {embedder.model_id} (dim {embedder.dim})")
+        check_embedding(generation.ws_root, (generation.manifest.get("embedding") or {}).get("model"), embedder.model_id)
         self.generation = generation
         self.config = config
         self.engine = engine
