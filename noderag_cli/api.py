@@ -31,7 +31,7 @@ from .executor import make_executor
 from .files import atomic_write_bytes
 from .index import assemble
 from .index.chunk import check_input_folder, document_chunks, scan
-from .index.decompose import cache_key
+from .index.decompose import cache_key, input_name
 from .index.pipeline import (
     STAGES,
     IndexResult,
@@ -272,7 +272,7 @@ def _decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list
         with contextlib.suppress(OSError, pa.ArrowException):
             kept = set(pc.unique(pq.read_table(rows, columns=["input"])["input"]).to_pylist())
     return {i for i, (key, (chunk, _, _)) in enumerate(zip(keys, chunks, strict=True))
-            if key in found or f"{chunk}\x1f{key}" in kept}
+            if key in found or input_name(chunk, key) in kept}
 
 
 def _documents_status(ws: Workspace) -> list[dict]:

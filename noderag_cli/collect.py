@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from .cache import CACHE_TABLE, cache_damage, read_only_uri
 from .engines.llm import CACHE_NS as LLM_NS
+from .index.decompose import input_key
 from .index.pipeline import STAGES
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
@@ -59,7 +60,7 @@ def _live_keys(ws: Workspace, manifest: dict) -> tuple[list[tuple[str, str]] | N
     occurrences = ws.stage_path("decompose", "occurrences.parquet")
     if occurrences.is_file():
         names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
-        live.update(("decompose", name.split("\x1f", 1)[1]) for name in names)
+        live.update(("decompose", input_key(name)) for name in names)
     return sorted(live), None
 
 

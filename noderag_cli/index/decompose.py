@@ -42,7 +42,7 @@ from ..graph import (
 BATCH = 64
 ROWS_VERSION = 1  # of how units become rows: stored rows of another version are not reused
 OCCURRENCE_SCHEMA = pa.schema([
-    ("input", pa.string()),  # chunk id + "\x1f" + decomposition cache key: what the rows were derived from
+    ("input", pa.string()),  # `input_name`: the chunk and decomposition cache key the rows were derived from
     ("seq", pa.int32()),  # order within the input
     ("node", pa.string()),
     ("text", pa.string()),  # surface form of this mention (N: the name)
@@ -56,6 +56,16 @@ LINK_SCHEMA = pa.schema([
 
 def cache_key(engine_identity: dict, title: str, text: str) -> str:
     return json_digest([engine_identity, title, text])
+
+
+def input_name(chunk_id: str, key: str) -> str:
+    """The rows' `input`: the chunk and the decomposition cache key they were derived from."""
+    return f"{chunk_id}\x1f{key}"
+
+
+def input_key(name: str) -> str:
+    """The decomposition cache key in an `input_name`."""
+    return name.split("\x1f", 1)[1]
 
 
 def decompose_chunks(
@@ -83,7 +93,7 @@ def decompose_chunks(
     ]
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
     keys = [cache_key(engine.identity, c.title, c.text) for c in inputs]
-    names = [f"{c.chunk_id}\x1f{k}" for c, k in zip(inputs, keys, strict=True)]
+    names = [input_name(c.chunk_id, k) for c, k in zip(inputs, keys, strict=True)]
     kept_occurrences, kept_links, known = _kept_rows(previous, names)
     stats = engine.stats.task("decompose")
     stats.cache_hits += len(known)
