@@ -27,7 +27,7 @@ from .executor import Executor
 from .index.pipeline import run_pipeline
 from .nlp import count_tokens
 from .node_types import EMBEDDED_TYPES
-from .workspace import Workspace
+from .workspace import NODES, Workspace
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples
 OUTPUT_TOKENS = {"decompose": lambda prompt_tokens: int(prompt_tokens * 0.9), "attributes": lambda _: 180,
@@ -136,7 +136,7 @@ def _embedded_texts(scratch: Workspace, recorder: _RecordingEngine) -> list[str]
 
     texts = [chunk.text for chunk in recorder.seen["decompose"]]
     for stage in ("decompose", "attributes", "communities"):
-        path = scratch.stage_path(stage, "nodes.parquet")
+        path = scratch.stage_path(stage, NODES)
         if path.is_file():
             nodes = pq.read_table(path, columns=["type", "text"]).to_pylist()
             texts += [n["text"] for n in nodes if n["type"] in EMBEDDED_TYPES]

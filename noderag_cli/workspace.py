@@ -69,7 +69,9 @@ CACHE_KEYS = "cache_keys.parquet"  # beside each stage's outputs: the cache entr
 CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"
 READERS_FILE = ".readers"
-LEGACY_FINAL = ("nodes.parquet", "edges.parquet", "vectors.faiss", "documents.parquet",
+NODES = "nodes.parquet"  # a node table: a stage's (`stages/<stage>.nodes.parquet`) and a build's
+EDGES = "edges.parquet"  # an edge table, likewise
+LEGACY_FINAL = (NODES, EDGES, "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
 
 def damaged(path: Path, ws_root: Path, detail: str, repair: str) -> DamagedError:

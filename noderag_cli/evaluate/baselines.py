@@ -160,7 +160,7 @@ class GraphSide:
     """Per-workspace structures for the graph baselines, built once (about 1.5 s on MuSiQue):
 
     - `kind[k]`: symmetric 0/1 incidence of one structural edge kind ("S-N", "T-S", "R-N",
-      "A-N", "S-R"), from edges.parquet (the retriever's adjacency merges kinds and HNSW edges);
+      "A-N", "S-R"), from the build's edge table (the retriever's adjacency merges kinds and HNSW edges);
     - `name_vectors` (entity names) and `relation_vectors` (relationship sentences), embedded with
       the workspace's model: LightRAG and HippoRAG match query keywords against them;
     - `entity_vectors`: an entity's name plus the mean of its units and attribute, GraphRAG's

@@ -2,7 +2,7 @@
 reads, written as a new generation, then made current by one atomic rename of CURRENT.
 
 A generation holds (see `workspace.py` for where it lives):
-- nodes.parquet, edges.parquet: the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
+- the node and edge tables (`workspace.NODES`, `EDGES`): the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
 - documents.parquet: the documents table the build was made from (`chunk.DOCUMENT_SCHEMA`);
 - vectors.faiss: the flat inner-product index, in half precision (`ivf.flat_index`); row i is the node whose `vector_row` is i (a second
   name, a hard link, for the embed stage's file: every vector is stored once);
@@ -29,10 +29,7 @@ from ..errors import WorkspaceError
 from ..graph import NODE_COLUMNS, NODE_SCHEMA, merge_edges
 from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
-from ..workspace import Generation, Workspace
-
-NODE_STAGES = ("decompose", "attributes", "communities", "text")  # the stages that make nodes
-EDGE_STAGES = (*NODE_STAGES, "similarity")
+from ..workspace import EDGES, NODES, Generation, Workspace
 
 
 def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
@@ -54,10 +51,10 @@ def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
 
 
-def final_nodes(ws: Workspace, ids: list[str]) -> pa.Table:
-    """The nodes of every stage, sorted by id, with their documents (through their chunks), their
-    community and their row in the vector index."""
-    nodes = pa.concat_tables([ws.read_table(ws.stage_path(s, "nodes.parquet")) for s in NODE_STAGES]).sort_by("id")
+def final_nodes(ws: Workspace, ids: list[str], node_stages: tuple[str, ...]) -> pa.Table:
+    """The nodes of every stage that makes them, sorted by id, with their documents (through their
+    chunks), their community and their row in the vector index."""
+    nodes = pa.concat_tables([ws.read_table(ws.stage_path(s, NODES)) for s in node_stages]).sort_by("id")
     doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), ws.read_table(ws.stage_path("chunk", "chunks.parquet")))
     assignments = ws.read_table(ws.stage_path("communities", "assignments.parquet"))
     community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
@@ -81,17 +78,18 @@ def counts(nodes: pa.Table, edges: pa.Table) -> dict:
                       "merged_total": edges.num_rows}}
 
 
-def run(ws: Workspace, config: Config, embedder: Embedder, before_publish: Callable[[], None]) -> dict:
-    """Write the build as a new generation and make it current; then remove the generations and
-    the files of the older layout that no reader holds."""
+def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[str, ...], edge_stages: tuple[str, ...],
+        before_publish: Callable[[], None]) -> dict:
+    """Write the build of the stages that make nodes and edges as a new generation and make it
+    current; then remove the generations and the files of the older layout that no reader holds."""
     ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
     vector_file = ws.stage_path("embed", "vectors.faiss")
     vectors = ivf.read_flat(vector_file)
     documents = ws.read_table(ws.stage_path("chunk", "documents.parquet"))
     writer = ws.new_generation()
     with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges
-        nodes_job = pool.submit(final_nodes, ws, ids)
-        edges = merge_edges([ws.read_table(ws.stage_path(s, "edges.parquet")) for s in EDGE_STAGES])
+        nodes_job = pool.submit(final_nodes, ws, ids, node_stages)
+        edges = merge_edges([ws.read_table(ws.stage_path(s, EDGES)) for s in edge_stages])
         nodes = nodes_job.result()
         written = [pool.submit(writer.table, "nodes", nodes)]
         writer.table("edges", edges)

@@ -49,7 +49,7 @@ from ..files import atomic_write_bytes, atomic_write_with, file_digest, json_dig
 from ..graph import edge_rows, merge_edges
 from ..node_types import NODE_TYPES
 from ..search import prepare
-from ..workspace import CACHE_KEYS, Workspace
+from ..workspace import CACHE_KEYS, EDGES, NODES, Workspace
 from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
@@ -143,9 +143,20 @@ class StageRun:
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
 
+    def nodes(self, *stages: str) -> pa.Table:
+        """The node tables of `stages`, one after the other."""
+        return pa.concat_tables([self.read(s, NODES) for s in stages])
+
+    def edges(self, *stages: str) -> pa.Table:
+        """The edge tables of `stages`, merged (`graph.merge_edges`)."""
+        return merge_edges([self.read(s, EDGES) for s in stages])
+
+    def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
+        self.write(NODES, nodes)
+        self.write(EDGES, edges)
+
     def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
-        self.write("nodes.parquet", nodes)
-        self.write("edges.parquet", edges)
+        self.write_graph(nodes, edges)
         self.write("failures.parquet", _failures_table(self.stage.name, failures))
 
 
@@ -160,6 +171,14 @@ class Stage:
     # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
     version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
+
+    @property
+    def makes_nodes(self) -> bool:
+        return NODES in self.outputs
+
+    @property
+    def makes_edges(self) -> bool:
+        return EDGES in self.outputs
 
 
 def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
@@ -207,7 +226,7 @@ def _decompose(run: StageRun) -> dict:
 
 def _attributes(run: StageRun) -> dict:
     g = run.config.graph
-    nodes, edges = run.read("decompose", "nodes.parquet"), run.read("decompose", "edges.parquet")
+    nodes, edges = run.nodes("decompose"), run.edges("decompose")
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, failures = attributes.run(
         nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
@@ -220,8 +239,7 @@ def _attributes(run: StageRun) -> dict:
 
 def _communities(run: StageRun) -> dict:
     g = run.config.graph
-    nodes = pa.concat_tables([run.read("decompose", "nodes.parquet"), run.read("attributes", "nodes.parquet")])
-    edges = merge_edges([run.read("decompose", "edges.parquet"), run.read("attributes", "edges.parquet")])
+    nodes, edges = run.nodes("decompose", "attributes"), run.edges("decompose", "attributes")
     run.reporter.stage_started(run.stage.name, None)
     new_nodes, new_edges, assignments, failures = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
@@ -236,14 +254,13 @@ def _communities(run: StageRun) -> dict:
 
 def _text(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    nodes, edges = text.run(run.read("chunk", "chunks.parquet"), run.read("decompose", "nodes.parquet"))
-    run.write("nodes.parquet", nodes)
-    run.write("edges.parquet", edges)
+    nodes, edges = text.run(run.read("chunk", "chunks.parquet"), run.nodes("decompose"))
+    run.write_graph(nodes, edges)
     return {"nodes": nodes.num_rows, "edges": edges.num_rows}
 
 
 def _embed(run: StageRun) -> dict:
-    nodes = pa.concat_tables([run.read(s, "nodes.parquet") for s in assemble.NODE_STAGES])
+    nodes = run.nodes(*NODE_STAGES)
     run.reporter.stage_started(run.stage.name, None)
     ids, vectors = embed.run(nodes, run.embedder)
     run.embedder.forget()  # every vector is in `vectors` now; the stages after read them from its file
@@ -274,7 +291,7 @@ def _similarity(run: StageRun) -> dict:
     id_array = np.asarray(ids, dtype=object)
     edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
                       pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
-    run.write("edges.parquet", edges)
+    run.write(EDGES, edges)
     table = similarity_edges.to_table(keys, neighbours) if "clustered" not in signature else \
         similarity_edges.NEIGHBOURS_SCHEMA.empty_table()
     run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
@@ -283,7 +300,8 @@ def _similarity(run: StageRun) -> dict:
 
 def _assemble(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    return assemble.run(run.ws, run.config, run.embedder, lambda: _kill_point("assemble", "publish"))
+    return assemble.run(run.ws, run.config, run.embedder, NODE_STAGES, EDGE_STAGES,
+                        lambda: _kill_point("assemble", "publish"))
 
 
 def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
@@ -296,7 +314,7 @@ def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
     return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
 
 
-GRAPH_OUTPUTS = ("nodes.parquet", "edges.parquet", "failures.parquet")
+GRAPH_OUTPUTS = (NODES, EDGES, "failures.parquet")
 STAGES: tuple[Stage, ...] = (
     Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=("documents.parquet", "chunks.parquet"),
           reads_input=True),
@@ -305,16 +323,18 @@ STAGES: tuple[Stage, ...] = (
     Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph"), task="attributes",
           outputs=GRAPH_OUTPUTS),
     Stage("communities", _communities, upstream=("decompose", "attributes"), settings=("engine", "graph", "embedding"),
-          task="community_elements", outputs=("nodes.parquet", "edges.parquet", "assignments.parquet", "failures.parquet")),
-    Stage("text", _text, upstream=("chunk", "decompose"), outputs=("nodes.parquet", "edges.parquet")),
+          task="community_elements", outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet")),
+    Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
           outputs=("ids.parquet", "vectors.faiss")),
     Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity", "graph"),
-          outputs=("neighbours.parquet", "edges.parquet")),
+          outputs=("neighbours.parquet", EDGES)),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
                                            "similarity"), settings=("config",), version=prepare.VERSION),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
+NODE_STAGES = tuple(s.name for s in STAGES if s.makes_nodes)
+EDGE_STAGES = tuple(s.name for s in STAGES if s.makes_edges)
 BY_NAME = {s.name: s for s in STAGES}
 
 
@@ -615,7 +635,7 @@ def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
     nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue)."""
     try:
         with assemble.open_current(ws) as built:
-            if built is None or built.verify(("nodes.parquet", "vectors.faiss")):
+            if built is None or built.verify((NODES, "vectors.faiss")):
                 return  # a damaged file is read by no one: the embed stage then finds every vector in the cache
             nodes = built.table("nodes", ["text", "vector_row"])
             index = faiss.read_index(str(built.path("vectors.faiss")))
