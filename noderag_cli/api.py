@@ -11,6 +11,7 @@ import contextlib
 import errno
 import sqlite3
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,14 +76,15 @@ def workspace_config(ws: Workspace, config_path: Path | None = None, reading: Re
     return config
 
 
-def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executor=None) -> Engine:
-    """The engine a config names; with a cluster's `executor`, its LLM calls run on the cluster."""
+def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executor=None,
+                notice: Callable[[str], None] | None = None, cap=None) -> Engine:
+    """The engine a config names; with a cluster's `executor`, its LLM calls run on the cluster.
+    `notice` shows an LLM engine's waits on the server; `cap` is the run's spending cap."""
     if config.llm.engine == "litellm":
         from .engines.llm import LiteLLMEngine
 
-        engine = LiteLLMEngine(config.llm, cache, executor=executor)
-        engine.check_before_first_call = True  # a run with nothing to ask never imports litellm or calls out
-        return engine
+        # it checks the server before its first request: a run with nothing to ask never calls out
+        return LiteLLMEngine(config.llm, cache, executor=executor, check_connection=True, notice=notice, cap=cap)
     return OfflineEngine(embedder, cache)
 
 
@@ -141,11 +143,9 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
                stop_after: str | None, cap=None) -> IndexResult:
     executor = make_executor(config.executor)
     try:
-        embedder = Embedder(config.embedding, ws.cache, executor)
-        embedder.cap = cap
-        engine = make_engine(config, ws.cache, embedder, executor)
-        if cap is not None and hasattr(engine, "transport"):
-            engine.transport.cap = cap
+        reporter = reporter or Reporter()
+        embedder = Embedder(config.embedding, ws.cache, executor, cap=cap)
+        engine = make_engine(config, ws.cache, embedder, executor, notice=reporter.warn, cap=cap)
         return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:

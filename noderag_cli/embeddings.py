@@ -184,7 +184,9 @@ def check_embedding(workspace, recorded: str | None, wanted: str) -> None:
 
 
 class Embedder:
-    def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None):
+    def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None,
+                 cap=None):
+        """`cap`: the run's spending cap (engines/transport.SpendingCap), for a model behind litellm."""
         self.config = config
         self.cache = cache
         self.executor = executor
@@ -194,7 +196,7 @@ class Embedder:
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
         self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
         self._transport = None  # to a model behind litellm, made on its first request
-        self.cap = None  # the run's spending cap (engines/transport.SpendingCap), for a model behind litellm
+        self.cap = cap
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
 
     @property

@@ -70,6 +70,8 @@ def _worker_start(driver: int) -> None:
 class Executor:
     """Runs a function over batches on local worker processes (or in this process)."""
 
+    remote = False  # a cluster's executor (ray_executor.py) runs an LLM engine's calls on its workers too
+
     def __init__(self, workers: int = 1):
         self.workers = max(1, workers)
         self._pool: ProcessPoolExecutor | None = None

@@ -36,6 +36,8 @@ def _ray():
 class RayExecutor:
     """Runs a function over batches as Ray tasks on an existing cluster."""
 
+    remote = True  # an LLM engine's uncached calls run as tasks too, under `shared_limiter`
+
     def __init__(self, config: ExecutorConfig):
         ray = _ray()
         _errors_to_stderr()

@@ -17,6 +17,7 @@ import pytest
 from conftest import build_file, noderag
 
 from noderag_cli import api
+from noderag_cli.engines.base import Engine
 from noderag_cli.evaluate import ablate, baselines
 from noderag_cli.evaluate.ablate import STRATEGIES
 from noderag_cli.evaluate.baselines import Setup, StrategySkipped
@@ -177,8 +178,9 @@ def test_metrics_on_hand_checked_cases():
 
 
 # --------------------------------------------------------------------------- the LLM judge
-class FakeEngine:
-    """Answers with the context's first line; judges by looking for the gold answer."""
+class FakeEngine(Engine):
+    """Answers with the context's first line; judges by looking for the gold answer. (A stand-in for
+    an LLM that answers and judges; the rest of the engine interface keeps its defaults.)"""
 
     def __init__(self):
         self.calls = []

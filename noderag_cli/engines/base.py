@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 Advance = Callable[[int], None]
 """Called with the number of items just finished, so a stage can advance its bar (a
@@ -93,22 +92,44 @@ class EngineStats:
         return self.by_task.setdefault(name, TaskStats())
 
 
-class Engine(Protocol):
-    """What a stage may ask of an engine. `identity` (from `identity`) goes into stage fingerprints
-    and cache keys; `name` is its short form."""
+class Engine:
+    """What a stage may ask of an engine: the five tasks, and the optional capabilities with their
+    defaults here, so that no caller probes for them. `identity` (engines/identity.py) goes into
+    stage fingerprints and cache keys; `name` is its short form. Whatever a run wants of an engine
+    (where to show its waits, a spending cap) is given when it is made."""
 
     name: str
     identity: dict
     stats: EngineStats
+    pure_decompose: Callable[[ChunkInput], list[Unit] | Failure] | None = None
+    """A decomposition that is a pure function of the chunk, which indexing may run on worker
+    processes; None: every chunk goes through `decompose`, in the indexing process."""
+    price_known: bool | None = None
+    """False once a request's tokens had no price (its cost is then unknown, never $0)."""
 
-    def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]: ...
+    def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
+        raise NotImplementedError
 
-    def attributes(self, items: Sequence[AttributeInput], progress: Advance | None = None) -> list[str | Failure]: ...
+    def attributes(self, items: Sequence[AttributeInput], progress: Advance | None = None) -> list[str | Failure]:
+        raise NotImplementedError
 
     def community_elements(
         self, items: Sequence[CommunityInput], progress: Advance | None = None
-    ) -> list[list[Element] | Failure]: ...
+    ) -> list[list[Element] | Failure]:
+        raise NotImplementedError
 
-    def query_entities(self, question: str) -> list[str]: ...
+    def query_entities(self, question: str) -> list[str]:
+        raise NotImplementedError
 
-    def answer(self, question: str, context: str) -> str: ...
+    def answer(self, question: str, context: str) -> str:
+        raise NotImplementedError
+
+    def answer_batch(self, items: Sequence[tuple[str, str]], progress: Advance | None = None) -> list[str | Failure]:
+        """Answers for (question, context) pairs (evaluation runs); an engine with network calls
+        makes them concurrently."""
+        replies = []
+        for question, context in items:
+            replies.append(self.answer(question, context))
+            if progress:
+                progress(1)
+        return replies

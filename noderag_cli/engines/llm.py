@@ -53,6 +53,7 @@ from .base import (
     ChunkInput,
     CommunityInput,
     Element,
+    Engine,
     EngineStats,
     Failure,
     TaskStats,
@@ -128,7 +129,7 @@ class _Reply:
     room: int = 0  # the most the context window left for the reply
 
 
-class LiteLLMEngine:
+class LiteLLMEngine(Engine):
     """NodeRAG's LLM tasks through litellm. See the module docstring for the behaviour.
 
     Keyword-only knobs exist for tests and benchmarks: `window_seconds` (the rate limiter's
@@ -147,7 +148,14 @@ class LiteLLMEngine:
         backoff_max: float = 60.0,
         limiter=None,
         executor=None,
+        check_connection: bool = False,
+        notice: Callable[[str], None] | None = None,
+        cap=None,
     ):
+        """`check_connection`: the first batch with anything to ask checks the server first (the
+        CLI's runs; a run the cache answers whole never imports litellm). `notice`: where waits on
+        the server are shown (the run's progress). `cap`: the run's spending cap
+        (engines/transport.SpendingCap)."""
         self.config = config
         self.cache = cache
         self.executor = executor  # a cluster's executor (`shared_limiter`): uncached calls run on its workers
@@ -165,7 +173,9 @@ class LiteLLMEngine:
             concurrency=config.concurrency, stats=self.stats, context_window=config.context_window,
             limiter=limiter or SlidingWindowLimiter(config.requests_per_minute, config.tokens_per_minute, window_seconds),
             backoff_base=backoff_base, backoff_max=backoff_max, price=config.price_per_million_tokens)
-        self.check_before_first_call = False  # `check_connection` before the first request (the CLI's runs)
+        self.transport.notice = notice
+        self.transport.cap = cap
+        self.check_before_first_call = check_connection
         self._connection_checked = False
         self._structured = "json_schema" if config.structured_output else "none"
         self._key_formats: dict[str, dict | None] = {}
@@ -175,14 +185,6 @@ class LiteLLMEngine:
     @property
     def price_known(self) -> bool | None:
         return self.transport.price_known
-
-    @property
-    def notice(self) -> Callable[[str], None] | None:
-        return self.transport.notice
-
-    @notice.setter
-    def notice(self, show: Callable[[str], None] | None) -> None:
-        self.transport.notice = show
 
     @property
     def limiter(self) -> SlidingWindowLimiter:
@@ -317,7 +319,7 @@ class LiteLLMEngine:
         if self.check_before_first_call and not self._connection_checked:
             self.check_connection(task)
         auth = self.transport.auth()  # before any call: missing key / unroutable model
-        if self.executor is not None and hasattr(self.executor, "shared_limiter") and self.transport.cap is None:
+        if self.executor is not None and self.executor.remote and self.transport.cap is None:
             # (under a spending cap every request is sent from here, where the cap is checked per request)
             return self._batch_on_cluster(task, items, lookup, progress)
         load_litellm()

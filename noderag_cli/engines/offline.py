@@ -38,6 +38,7 @@ from .base import (
     ChunkInput,
     CommunityInput,
     Element,
+    Engine,
     EngineStats,
     Failure,
     Unit,
@@ -178,7 +179,7 @@ def _full_names(names: list[str]) -> dict[str, str]:
     return {short: next(iter(full)) for short, full in longer.items() if len(full) == 1}
 
 
-class OfflineEngine:
+class OfflineEngine(Engine):
     identity = identity(LLMConfig(engine="offline"))
     name = identity["name"]
     pure_decompose = staticmethod(decompose_chunk)  # what indexing may run on worker processes

@@ -262,10 +262,7 @@ def _answer_many(engine, items: list[tuple[str, str]]) -> list[str | None]:
     """Answers for (question, context) pairs: concurrently where the engine can; failures are None."""
     from ..engines.base import Failure
 
-    if hasattr(engine, "answer_batch"):
-        replies = engine.answer_batch(items)
-    else:
-        replies = [engine.answer(q, c) for q, c in items]
+    replies = engine.answer_batch(items)
     return [None if isinstance(r, Failure) or r is None else str(r) for r in replies]
 
 

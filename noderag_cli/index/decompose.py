@@ -111,8 +111,7 @@ def decompose_chunks(
     if progress and len(inputs) - len(todo):
         progress(len(inputs) - len(todo))
     key_of = {name: key for _, key, name in todo}
-    pure = getattr(engine, "pure_decompose", None)
-    if pure is not None:
+    if engine.pure_decompose is not None:
         work += [(name, chunk.chunk_id, chunk, None) for chunk, _, name in todo]
     else:
         work += _decompose_here(engine, todo, cache, failures, progress)
@@ -174,7 +173,7 @@ def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:
     """Remove a pure engine's cached decompositions of these chunks, now that their rows are
     committed: the rows are what an update reuses, and a second copy of every unit would only take
     disk. An LLM engine's stay: each is a paid reply. Returns how many were removed."""
-    if getattr(engine, "pure_decompose", None) is None:
+    if engine.pure_decompose is None:
         return 0
     pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
     return cache.delete_many("decompose", {cache_key(engine.identity, title, text) for title, text in pairs})

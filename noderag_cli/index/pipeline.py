@@ -526,8 +526,6 @@ def run_pipeline(
     engine_log.setLevel(logging.INFO)
     for handler in log.handlers:
         engine_log.addHandler(handler)
-    if hasattr(engine, "notice"):
-        engine.notice = reporter.warn
     try:
         _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
                     scan, result, log)
@@ -535,8 +533,6 @@ def run_pipeline(
         for handler in log.handlers:
             engine_log.removeHandler(handler)
         engine_log.setLevel(level)
-        if hasattr(engine, "notice"):
-            engine.notice = None
     result.seconds = time.perf_counter() - started
     result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
     built = assemble.current_manifest(ws)
@@ -590,7 +586,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         digests[stage.name] = digest
         _kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
-        if llm and getattr(engine, "price_known", None) is False:  # never a made-up zero
+        if llm and engine.price_known is False:  # never a made-up zero
             llm["cost_usd"], llm["price_known"] = None, False
         result.rate_limit_waits += llm.get("rate_limit_waits", 0)
         result.rate_limit_seconds += llm.get("rate_limit_seconds", 0.0)
