@@ -10,6 +10,7 @@ import yaml
 from conftest import assert_one_line_error, noderag
 
 from noderag_cli import api
+from noderag_cli.config import load_config
 from noderag_cli.graph import entity_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +251,7 @@ def test_a_search_only_config_keeps_the_workspace_embedding(tmp_path):
     ws = tmp_path / "ws"
     config = tmp_path / "small.yaml"
     config.write_text(yaml.safe_dump({"embedding": {"batch_size": 64}}))
-    api.index(ws, CORPUS, config=api.load_config(config))
+    api.index(ws, CORPUS, config=load_config(config))
     search_only = tmp_path / "search.yaml"
     search_only.write_text(yaml.safe_dump({"search": {"budget_tokens": 300}}))
     run = noderag("query", str(ws), "Who founded Vessmouth?", "--json", "--context-only", "--config", str(search_only))

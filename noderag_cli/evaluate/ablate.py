@@ -121,7 +121,7 @@ def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: P
                     config_path: Path | None = None, reporter: Reporter | None = None) -> tuple[list[Question], float]:
     """Write the dataset's corpus (one file per passage, title first) and index it into the workspace,
     which reuses everything already indexed. Returns the questions and the indexing seconds."""
-    from .. import api
+    from ..index.run import index
 
     if dataset not in DATASETS:
         raise AblationInputError(f"unknown dataset '{dataset}'; valid: {', '.join(DATASETS)}")
@@ -139,7 +139,7 @@ def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: P
                                  f"{Path(corpus_dir).resolve()}; indexing the dataset into it would replace its "
                                  "documents, so give another WORKSPACE or none")
     started = time.perf_counter()
-    api.index(workspace, corpus_dir, config_path=config_path, reporter=reporter)
+    index(workspace, corpus_dir, config_path=config_path, reporter=reporter)
     return questions, time.perf_counter() - started
 
 
@@ -201,20 +201,21 @@ def run_ablation(workspace: Path, questions: list[Question], names: list[str] | 
                  budgets: list[int] | tuple[int, ...] = DEFAULT_BUDGETS, config_path: Path | None = None,
                  answer: bool = False, progress: AblationReporter | None = None) -> AblationResult:
     """Every named strategy on every question at every budget, over the workspace."""
-    from .. import api
+    from ..engines import make_engine
+    from ..search.session import open_workspace
 
     progress = progress or AblationReporter()
     names, budgets = list(names or STRATEGIES), list(budgets)
     _check_run(names, budgets, questions)
     started = time.perf_counter()
-    session = api.open_workspace(workspace, config_path=config_path)
+    session = open_workspace(workspace, config_path=config_path)
     retriever = session.retriever
     ws = Workspace(Path(workspace))
     try:
         cache = ws.cache if os.access(ws.root, os.W_OK) else None
     except (OSError, WorkspaceError):
         cache = None
-    engine = api.make_engine(retriever.config, cache, retriever.embedder) \
+    engine = make_engine(retriever.config, cache, retriever.embedder) \
         if cache is not None and retriever.config.llm.engine != "offline" else None  # replies kept for a re-run
     setup = Setup(retriever, ws.root, cache, engine=engine)
     result = AblationResult(rows=[], budgets=budgets, questions=len(questions), workspace=str(workspace),

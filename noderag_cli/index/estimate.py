@@ -18,16 +18,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .config import Config, EmbeddingConfig
-from .embeddings import Embedder
-from .engines.offline import OfflineEngine
-from .engines.transport import SpendingCap
-from .errors import BadInputError
-from .executor import Executor
-from .index.pipeline import run_pipeline
-from .nlp import count_tokens
-from .node_types import EMBEDDED_TYPES
-from .workspace import NODES, Workspace
+from ..config import Config, EmbeddingConfig
+from ..embeddings import Embedder
+from ..engines.offline import OfflineEngine
+from ..engines.transport import SpendingCap
+from ..errors import BadInputError
+from ..executor import Executor
+from ..nlp import count_tokens
+from ..node_types import EMBEDDED_TYPES
+from ..workspace import NODES, Workspace
+from .pipeline import run_pipeline
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples
 OUTPUT_TOKENS = {"decompose": lambda prompt_tokens: int(prompt_tokens * 0.9), "attributes": lambda _: 180,
@@ -69,14 +69,14 @@ class _RecordingEngine(OfflineEngine):
 
 
 def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
-    from .engines import pricing, prompts
+    from ..engines import pricing, prompts
 
     cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
     offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"}),
                                         "embedding": EmbeddingConfig()})  # the bundled model: no network
     replies = None
     if cache is not None and config.llm.engine == "litellm":
-        from .engines.llm import LiteLLMEngine
+        from ..engines.llm import LiteLLMEngine
 
         replies = LiteLLMEngine(config.llm, cache)
     recorder = _RecordingEngine(Embedder(offline.embedding), replies)
@@ -152,7 +152,7 @@ def spending_cap(ws: Workspace, input_folder: Path, config: Config) -> SpendingC
     """The run's spending cap (`llm.max_cost_usd`) for the transports to enforce, once the run's
     estimate is known to fit in it. BadInputError (the run does not start) when a paid model has no
     price to count with, or when the estimate is over the cap. None without a cap or a paid model."""
-    from .engines import pricing
+    from ..engines import pricing
 
     limit = config.llm.max_cost_usd
     paid = [(section, getattr(config, section)) for section, backend in
