@@ -313,7 +313,7 @@ def test_progress_on_a_stderr_that_is_not_a_terminal_is_plain_lines(tmp_path):
 def test_line_progress_counts_at_most_every_few_seconds():
     import io
 
-    from noderag_cli.cli import LineReporter
+    from noderag_cli.commands.common import LineReporter
 
     stream = io.StringIO()
     reporter = LineReporter(stream)
