@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 from .engines import make_engine
 from .errors import InputError, QuestionFileError, WorkspaceError
 from .files import atomic_write_bytes
-from .index.pipeline import IndexResult, Reporter
+from .index.pipeline import IndexResult
 from .index.run import Reading, index, workspace_config
+from .index.stages import Reporter
 from .index.status import plan, stats
 from .questions import Question, read_jsonl
 from .workspace import Workspace, refuse_output_inside

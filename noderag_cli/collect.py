@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from .cache import CACHE_TABLE, cache_damage, read_only_uri
 from .engines.llm import CACHE_NS as LLM_NS
 from .index.decompose import input_key
-from .index.pipeline import STAGES
+from .index.stages import STAGES
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
 
 from noderag_cli.graph import document_id, entity_id
-from noderag_cli.index.pipeline import STAGE_NAMES as STAGES
+from noderag_cli.index.stages import STAGE_NAMES as STAGES
 
 NEW_DOCUMENT = """# The Korven Institute
 

@@ -34,7 +34,7 @@ from conftest import (
 )
 
 from noderag_cli.graph import EDGE_COLUMNS, EDGE_KINDS, NODE_COLUMNS, entity_id
-from noderag_cli.index.pipeline import STAGE_NAMES as STAGES
+from noderag_cli.index.stages import STAGE_NAMES as STAGES
 from noderag_cli.node_types import NODE_TYPES
 from noderag_cli.workspace import Workspace
 

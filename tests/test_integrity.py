@@ -23,7 +23,7 @@ import yaml
 from conftest import SAMPLE_CORPUS, assert_same_tables, copy_workspace, index, noderag
 
 from noderag_cli import api
-from noderag_cli.index.pipeline import STAGES
+from noderag_cli.index.stages import STAGES
 
 DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md"]
 QUESTION = "Who founded the Sound Maritime Society?"

@@ -132,7 +132,7 @@ def results_table(title: str | None, columns: list[str], right: tuple[str, ...] 
 
 
 class RichReporter:
-    """`pipeline.Reporter` drawn as Rich bars (a terminal stderr)."""
+    """`index/stages.Reporter` drawn as Rich bars (a terminal stderr)."""
 
     def __init__(self, progress):
         self.progress = progress
@@ -159,7 +159,7 @@ class RichReporter:
 
 
 class LineReporter:
-    """`pipeline.Reporter` for a stderr that is not a terminal (a log file, a CI job, a pipe): plain
+    """`index/stages.Reporter` for a stderr that is not a terminal (a log file, a CI job, a pipe): plain
     lines, a stage's count at most every PROGRESS_SECONDS, never bars or control characters."""
 
     PROGRESS_SECONDS = 5.0

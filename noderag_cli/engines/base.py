@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 Advance = Callable[[int], None]
 """Called with the number of items just finished, so a stage can advance its bar (a
-`pipeline.Reporter`'s `advance`)."""
+`index/stages.Reporter`'s `advance`)."""
 
 
 

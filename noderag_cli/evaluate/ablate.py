@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AblationInputError, WorkspaceError
-from ..index.pipeline import Reporter
+from ..index.stages import Reporter
 from ..questions import Question, read_jsonl
 from ..search.results import Retrieval
 from ..workspace import Workspace, workspace_holding

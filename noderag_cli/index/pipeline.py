@@ -13,60 +13,37 @@ K-means) always run on the whole updated graph; similarity edges reuse the neigh
 change does not touch (see similarity_edges). The last stage, `assemble`, writes the build as a
 new generation and makes it current (index/assemble.py).
 
-Test hook (documented here because it is not a feature): when the environment variable
-`NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>`, `<stage>:commit` or `assemble:publish`,
-the run SIGKILLs itself when that stage starts, after it reported n finished items, after it
-wrote its outputs but before the manifest records it done, or (assemble) after the new
-generation is complete but before CURRENT names it. Tests use it to crash a real `noderag index`
-process at a chosen point.
+The stages themselves, and the test hook that crashes a run at a chosen point: stages.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .. import ivf, readers
+from .. import readers
 from ..config import COST_ONLY, Config, config_to_yaml
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import WorkspaceError
 from ..executor import Executor
-from ..files import atomic_write_bytes, atomic_write_with, file_digest, json_digest, write_parquet
-from ..graph import edge_rows, merge_edges
+from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
-from ..search import prepare
-from ..workspace import CACHE_KEYS, EDGES, NODES, Workspace
-from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
+from ..workspace import CACHE_KEYS, NODES, Workspace
+from . import assemble, chunk
+from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
-KILL_ENV = "NODERAG_TEST_KILL_AT"
 OUTPUTS_DAMAGED = "its outputs are missing or damaged"
-
-
-class Reporter:
-    """Progress hooks; the CLI shows them with Rich, the API default is silent."""
-
-    def stage_started(self, stage: str, total: int | None) -> None: ...
-
-    def advance(self, n: int = 1) -> None: ...
-
-    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None: ...
-
-    def warn(self, message: str) -> None: ...
 
 
 @dataclass
@@ -92,252 +69,6 @@ class IndexResult:
                            for name, info in self.stages.items()}}
 
 
-@dataclass
-class StageRun:
-    """What a stage's function gets: the workspace, the run's inputs and helpers for its files."""
-
-    stage: Stage
-    ws: Workspace
-    files: list
-    config: Config
-    engine: Engine
-    embedder: Embedder
-    reporter: Reporter
-    executor: Executor
-    recorded: dict = field(default_factory=dict)  # the checksums of its outputs the last committed run recorded
-
-    def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
-        return self.ws.read_table(self.ws.stage_path(stage, name), columns)
-
-    def path(self, name: str) -> Path:
-        assert name in self.stage.outputs, f"{self.stage.name} declares no output {name}"
-        return self.ws.stage_path(self.stage.name, name)
-
-    def trusted(self, name: str) -> Path | None:
-        """This stage's output `name` as the last run left it, if it matches the checksum that run
-        recorded: the only way a stage reuses its own earlier work, so a damaged file is rebuilt
-        (from the cache: nothing is paid twice), never carried on. None, with one warning naming
-        the file, when it does not; None, silently, when it is missing or was never recorded."""
-        path = self.path(name)
-        expected = self.recorded.get(name)
-        if expected is None or not path.is_file():
-            return None
-        if file_digest(path) != expected:
-            message = (f"workspace file {path} does not match the checksum recorded when it was written: rebuilt, "
-                       "with the work it holds taken from the cache")
-            self.reporter.warn(message)
-            self.ws.logger().warning(message)
-            return None
-        return path
-
-    def last(self, name: str) -> pa.Table | None:
-        """This stage's output `name` as the last run left it (`trusted`), or None."""
-        path = self.trusted(name)
-        if path is None:
-            return None
-        try:
-            return pq.read_table(path)
-        except (OSError, pa.ArrowException):
-            return None
-
-    def write(self, name: str, table: pa.Table) -> None:
-        write_parquet(self.path(name), table)
-
-    def nodes(self, *stages: str) -> pa.Table:
-        """The node tables of `stages`, one after the other."""
-        return pa.concat_tables([self.read(s, NODES) for s in stages])
-
-    def edges(self, *stages: str) -> pa.Table:
-        """The edge tables of `stages`, merged (`graph.merge_edges`)."""
-        return merge_edges([self.read(s, EDGES) for s in stages])
-
-    def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
-        self.write(NODES, nodes)
-        self.write(EDGES, edges)
-
-    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
-        self.write_graph(nodes, edges)
-        self.write("failures.parquet", _failures_table(self.stage.name, failures))
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    run: Callable[[StageRun], dict]
-    upstream: tuple[str, ...] = ()  # stages whose outputs it reads
-    settings: tuple[str, ...] = ()  # config sections its output depends on; "engine": the engine's identity
-    task: str | None = None  # the engine task whose usage is accounted to it
-    outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead; its function
-    # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
-    reads_input: bool = False  # its fingerprint includes the scan of the input folder
-    version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
-
-    @property
-    def makes_nodes(self) -> bool:
-        return NODES in self.outputs
-
-    @property
-    def makes_edges(self) -> bool:
-        return EDGES in self.outputs
-
-
-def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
-    items = sorted(failures)
-    return pa.table({"item": pa.array(items, pa.string()), "stage": pa.array([stage] * len(items), pa.string()),
-                     "reason": pa.array([failures[i] for i in items], pa.string())})
-
-
-# the stages' functions, in pipeline order -------------------------------------------------
-def _chunk(run: StageRun) -> dict:
-    run.reporter.stage_started(run.stage.name, None)
-    settings = run.config.chunk
-    last = [run.last(name) for name in ("documents.parquet", "chunks.parquet")]
-    previous = chunk.previous_chunks(*last, run.files, settings.chunk_tokens, settings.overlap_tokens,
-                                     chunk.reader_identities(run.files))
-    documents, chunks, counts = chunk.run(run.files, settings, previous, run.executor, run.ws.cache)
-    run.write("documents.parquet", documents)
-    run.write("chunks.parquet", chunks)
-    failed = documents.filter(pc.equal(documents["status"], "failed"))
-    for path, reason in zip(failed["path"].to_pylist(), failed["reason"].to_pylist(), strict=True):
-        run.reporter.warn(f"could not read {path}: {reason}")
-    return {"documents": documents.num_rows, "chunks": chunks.num_rows, "extracted": counts["extracted"],
-            "failures": counts["failed"]}
-
-
-def _decompose(run: StageRun) -> dict:
-    chunks = run.read("chunk", "chunks.parquet")
-    run.reporter.stage_started(run.stage.name, chunks.num_rows)
-    rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
-    kept = [run.trusted(path.name.split(".", 1)[1]) for path in rows_paths]
-    occurrences, links, failures, work = decompose.decompose_chunks(
-        chunks, run.engine, run.ws.cache, run.reporter.advance,
-        decompose.read_rows(*kept) if all(kept) else None, run.executor,
-    )
-    nodes, edges = decompose.build_graph(occurrences, links)
-    # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-    run.embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
-    run.commit_graph(nodes, edges, failures)
-    for path, table in zip(rows_paths, (occurrences, links), strict=True):
-        write_parquet(path, decompose.with_version(table))
-    if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
-        run.ws.cache.compact()
-    return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
-
-
-def _attributes(run: StageRun) -> dict:
-    g = run.config.graph
-    nodes, edges = run.nodes("decompose"), run.edges("decompose")
-    run.reporter.stage_started(run.stage.name, None)
-    new_nodes, new_edges, failures = attributes.run(
-        nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
-        run.reporter.advance,
-    )
-    run.embedder.embed(new_nodes["text"].to_pylist())
-    run.commit_graph(new_nodes, new_edges, failures)
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
-
-
-def _communities(run: StageRun) -> dict:
-    g = run.config.graph
-    nodes, edges = run.nodes("decompose", "attributes"), run.edges("decompose", "attributes")
-    run.reporter.stage_started(run.stage.name, None)
-    new_nodes, new_edges, assignments, failures = communities.run(
-        nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-        g.summary_leaf_tokens, run.reporter.advance,
-    )
-    run.commit_graph(new_nodes, new_edges, failures)
-    run.write("assignments.parquet", assignments.sort_by("id"))
-    n_communities = len(set(assignments["community"].to_pylist()) - {-1})
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities,
-            "failures": len(failures)}
-
-
-def _text(run: StageRun) -> dict:
-    run.reporter.stage_started(run.stage.name, None)
-    nodes, edges = text.run(run.read("chunk", "chunks.parquet"), run.nodes("decompose"))
-    run.write_graph(nodes, edges)
-    return {"nodes": nodes.num_rows, "edges": edges.num_rows}
-
-
-def _embed(run: StageRun) -> dict:
-    nodes = run.nodes(*NODE_STAGES)
-    run.reporter.stage_started(run.stage.name, None)
-    ids, vectors = embed.run(nodes, run.embedder)
-    run.embedder.forget()  # every vector is in `vectors` now; the stages after read them from its file
-    run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
-    index = ivf.flat_index(vectors)
-    del vectors
-    atomic_write_with(run.path("vectors.faiss"), lambda name: faiss.write_index(index, name))
-    return {"vectors": len(ids), "dim": index.d}
-
-
-def _similarity(run: StageRun) -> dict:
-    run.reporter.stage_started(run.stage.name, None)
-    ids = run.read("embed", "ids.parquet")["id"].to_pylist()
-    vectors = ivf.read_flat(run.ws.stage_path("embed", "vectors.faiss"))
-    settings = run.config.similarity
-    signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
-                 "version": similarity_edges.VERSION}
-    keys = similarity_edges.keys(ids, vectors)
-    if len(ids) < settings.exact_below:
-        earlier = run.trusted("neighbours.parquet")
-        neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
-                                                      _previous_neighbours(earlier, signature) if earlier else None)
-    else:  # recomputed in full: nothing of an earlier run is reused, so no lists are kept for the next
-        neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
-                                                      settings.probes, similarity_edges.ASSIGN)
-        signature["clustered"] = True
-    pairs = similarity_edges.pairs(neighbours)
-    id_array = np.asarray(ids, dtype=object)
-    edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
-                      pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
-    run.write(EDGES, edges)
-    table = similarity_edges.to_table(keys, neighbours) if "clustered" not in signature else \
-        similarity_edges.NEIGHBOURS_SCHEMA.empty_table()
-    run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
-    return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}
-
-
-def _assemble(run: StageRun) -> dict:
-    run.reporter.stage_started(run.stage.name, None)
-    return assemble.run(run.ws, run.config, run.embedder, NODE_STAGES, EDGE_STAGES,
-                        lambda: _kill_point("assemble", "publish"))
-
-
-def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
-    """The neighbour lists of the last completed similarity stage, if made with these settings."""
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid):
-        return None
-    metadata = table.schema.metadata or {}
-    return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
-
-
-GRAPH_OUTPUTS = (NODES, EDGES, "failures.parquet")
-STAGES: tuple[Stage, ...] = (
-    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=("documents.parquet", "chunks.parquet"),
-          reads_input=True),
-    Stage("decompose", _decompose, upstream=("chunk",), settings=("engine",), task="decompose",
-          outputs=(*GRAPH_OUTPUTS, "occurrences.parquet", "links.parquet")),
-    Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph"), task="attributes",
-          outputs=GRAPH_OUTPUTS),
-    Stage("communities", _communities, upstream=("decompose", "attributes"), settings=("engine", "graph", "embedding"),
-          task="community_elements", outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet")),
-    Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
-    Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
-          outputs=("ids.parquet", "vectors.faiss")),
-    Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity", "graph"),
-          outputs=("neighbours.parquet", EDGES)),
-    Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
-                                           "similarity"), settings=("config",), version=prepare.VERSION),
-)
-STAGE_NAMES = tuple(s.name for s in STAGES)
-NODE_STAGES = tuple(s.name for s in STAGES if s.makes_nodes)
-EDGE_STAGES = tuple(s.name for s in STAGES if s.makes_edges)
-BY_NAME = {s.name: s for s in STAGES}
-
-
 def _settings(config: Config, engine_identity: dict, stage: Stage) -> dict:
     sections = {}
     for name in stage.settings:
@@ -361,12 +92,6 @@ def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], s
     return json_digest({"stage": stage.name, "settings": settings,
                         "upstream": [upstream_digests[u] for u in stage.upstream],
                         "scan": scan_digest if stage.reads_input else None})
-
-
-def _kill_point(stage: str, point: str) -> None:
-    """The test hook described in the module docstring."""
-    if os.environ.get(KILL_ENV) == f"{stage}:{point}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _CountingReporter(Reporter):
@@ -569,7 +294,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         manifest["stages"][stage.name] = {"state": "running", "fingerprint": stage_print, "settings": settings}
         ws.write_manifest(manifest)
         log.info("stage %s started (%s)", stage.name, decision.reason)
-        _kill_point(stage.name, "start")
+        kill_point(stage.name, "start")
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
         _reset_peak_memory()
@@ -584,7 +309,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         recorded = {name: file_digest(ws.stage_path(stage.name, name)) for name in stage.outputs}
         digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
         digests[stage.name] = digest
-        _kill_point(stage.name, "commit")
+        kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
         if llm and engine.price_known is False:  # never a made-up zero
             llm["cost_usd"], llm["price_known"] = None, False

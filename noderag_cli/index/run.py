@@ -16,7 +16,8 @@ from ..errors import WorkspaceError
 from ..executor import make_executor
 from ..workspace import Workspace
 from .chunk import check_input_folder
-from .pipeline import IndexResult, Reporter, run_pipeline
+from .pipeline import IndexResult, run_pipeline
+from .stages import Reporter
 
 
 @dataclass(frozen=True)

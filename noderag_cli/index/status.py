@@ -22,7 +22,6 @@ from . import assemble
 from .chunk import document_chunks, scan
 from .decompose import cache_key, input_name
 from .pipeline import (
-    STAGES,
     compare_documents,
     damaged_outputs,
     decide,
@@ -31,6 +30,7 @@ from .pipeline import (
     settings_digest,
 )
 from .run import Reading, workspace_config
+from .stages import STAGES
 
 
 def _decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[tuple[str, str, str]]) -> set[int]:
