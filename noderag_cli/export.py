@@ -21,9 +21,9 @@ from xml.sax.saxutils import escape, quoteattr
 import pyarrow as pa
 
 from .files import atomic_write_with
+from .generation import Generation
 from .index.chunk import place_of
 from .search.results import place_label
-from .workspace import Generation
 
 FORMATS = ("graphml", "csv")
 

@@ -26,10 +26,11 @@ from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
+from ..generation import Generation
 from ..graph import NODE_COLUMNS, NODE_SCHEMA, merge_edges
 from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
-from ..workspace import EDGES, NODES, Generation, Workspace
+from ..workspace import EDGES, NODES, Workspace
 
 
 def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:

@@ -16,8 +16,9 @@ from ..cache import Cache, cache_damage
 from ..config import Config, changed
 from ..engines.identity import identity
 from ..errors import DamagedError, NoBuildError
+from ..generation import Generation, repair_hint
 from ..node_types import NODE_TYPES
-from ..workspace import Generation, Workspace, repair_hint
+from ..workspace import Workspace
 from . import assemble
 from .chunk import document_chunks, scan
 from .decompose import cache_key, input_name

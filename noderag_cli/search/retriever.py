@@ -27,10 +27,10 @@ from ..config import Config, SearchConfig
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine
 from ..errors import WorkspaceError
+from ..generation import Generation, damaged, repair_hint
 from ..graph import Graph, row_entries
 from ..index.chunk import place_of
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
-from ..workspace import Generation, damaged, repair_hint
 from . import QueryError, context, paths, rounds
 from .entry import NameIndex
 from .ppr import WalkMatrix, shallow_ppr

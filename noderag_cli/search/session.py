@@ -12,7 +12,8 @@ from ..config import Config, SearchConfig, changed, load_config
 from ..embeddings import Embedder, check_embedding, model_id
 from ..engines import make_engine
 from ..errors import ConfigError
-from ..workspace import Generation, Workspace, damaged, repair_hint
+from ..generation import Generation, damaged, repair_hint
+from ..workspace import Workspace
 
 if TYPE_CHECKING:
     from .results import Retrieval
