@@ -190,8 +190,9 @@ def test_a_reader_upgrade_reads_again_only_its_own_format(monkeypatch):
     of the keys of that format's chunks and extractions; a Markdown file's keys never change."""
     from noderag_cli import readers
     from noderag_cli.config import Config
-    from noderag_cli.index.chunk import ScannedFile, chunking_key, extraction_key
+    from noderag_cli.index.chunk import chunking_key, extraction_key
     from noderag_cli.index.pipeline import settings_digest
+    from noderag_cli.index.scan import ScannedFile
     from noderag_cli.index.stages import BY_NAME
 
     pdf = ScannedFile("a.pdf", "/docs/a.pdf", None, "0" * 32, 10, "", "pdf")

@@ -403,7 +403,8 @@ def test_grounding_drops_nothing_from_well_formed_rich_replies(server, cache):
     """The rule's cost on good extractions: every sentence of the sample corpus decomposed by the
     fault server's rich replies (a unit per sentence, its capitalised words as entities)."""
     from noderag_cli.config import ChunkConfig
-    from noderag_cli.index.chunk import document_chunks, scan
+    from noderag_cli.index.chunk import document_chunks
+    from noderag_cli.index.scan import scan
 
     server.default = "rich"
     files = [f for f in scan(ROOT / "sample_corpus", ChunkConfig(extensions=[".txt", ".md"])) if not f.reason]

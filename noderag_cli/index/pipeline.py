@@ -34,12 +34,13 @@ from .. import readers
 from ..config import COST_ONLY, Config, config_to_yaml
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
-from ..errors import WorkspaceError
+from ..errors import InputError, WorkspaceError
 from ..executor import Executor
 from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, Workspace
-from . import assemble, chunk
+from . import assemble
+from .scan import scan as scan_files
 from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
@@ -217,12 +218,12 @@ def run_pipeline(
     started = time.perf_counter()
     check_embedding(ws.root, (ws.read_manifest().get("embedding") or {}).get("model"), embedder.model_id)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
-    files = chunk.scan(input_folder, config.chunk, reporter.advance)
+    files = scan_files(input_folder, config.chunk, reporter.advance)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     readable = [f for f in files if not f.reason]
     if not readable:
         detail = f" ({len(files)} skipped as unreadable)" if files else ""
-        raise chunk.InputError(
+        raise InputError(
             f"no readable {'/'.join(config.chunk.extensions)} files under {input_folder}{detail}; nothing was changed"
         )
     result = IndexResult(skipped_files=[(f.path, f.reason) for f in files if f.reason])

@@ -15,8 +15,8 @@ from ..engines import make_engine
 from ..errors import WorkspaceError
 from ..executor import make_executor
 from ..workspace import Workspace
-from .chunk import check_input_folder
 from .pipeline import IndexResult, run_pipeline
+from .scan import check_input_folder
 from .stages import Reporter
 
 

@@ -20,7 +20,7 @@ from ..generation import Generation, repair_hint
 from ..node_types import NODE_TYPES
 from ..workspace import Workspace
 from . import assemble
-from .chunk import document_chunks, scan
+from .chunk import document_chunks
 from .decompose import cache_key, input_name
 from .pipeline import (
     compare_documents,
@@ -31,6 +31,7 @@ from .pipeline import (
     settings_digest,
 )
 from .run import Reading, workspace_config
+from .scan import scan
 from .stages import STAGES
 
 
