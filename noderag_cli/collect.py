@@ -19,13 +19,11 @@ import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .cache import CACHE_TABLE, cache_damage, read_only_uri
 from .engines.llm import CACHE_NS as LLM_NS
-from .index.decompose import input_key
 from .index.stages import STAGES
+from .index.state import RUNNING, Manifest, live_cache_keys
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
 
@@ -43,25 +41,6 @@ def _stray_files(ws: Workspace) -> list[Path]:
     for folder in (ws.root, *(p for p in (ws.root / GENERATIONS_DIR).glob("*") if p.is_dir())):
         stray += [p for p in folder.glob(".*.tmp") if p.is_file()]
     return sorted(set(stray))
-
-
-def _live_keys(ws: Workspace, manifest: dict) -> tuple[list[tuple[str, str]] | None, str | None]:
-    """(ns, key) of every cache entry a stage needs, or (None, why that is not known)."""
-    live: set[tuple[str, str]] = set()
-    for stage in STAGES:
-        if manifest.get("stages", {}).get(stage.name, {}).get("state") != "done":
-            continue
-        path = ws.stage_path(stage.name, CACHE_KEYS)
-        if not path.is_file():
-            return None, (f"stage {stage.name} last ran before noderag recorded what it needs from the cache; "
-                          f"run `noderag index {ws.root} --input FOLDER` after a change, or remove the cache")
-        table = pq.read_table(path)
-        live.update(zip(table["ns"].to_pylist(), table["key"].to_pylist(), strict=True))
-    occurrences = ws.stage_path("decompose", "occurrences.parquet")
-    if occurrences.is_file():
-        names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
-        live.update(("decompose", input_key(name)) for name in names)
-    return sorted(live), None
 
 
 def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> dict:
@@ -117,7 +96,7 @@ def collect(workspace: Path, dry_run: bool = False, include_unfinished: bool = F
     ws = Workspace(Path(workspace))
     ws.check_indexed()
     with contextlib.nullcontext() if dry_run else ws.lock():
-        manifest = ws.read_manifest()
+        manifest = Manifest.load(ws)
         current = ws.current_name()
         folder = ws.root / GENERATIONS_DIR
         old = [p for p in sorted(folder.iterdir()) if p.is_dir() and p.name != current] if folder.is_dir() else []
@@ -133,13 +112,13 @@ def collect(workspace: Path, dry_run: bool = False, include_unfinished: bool = F
         cache: dict = {"entries": 0, "removed": 0, "bytes": 0, "skipped": None}
         if ws.cache_path.is_file():
             problem = cache_damage(ws.cache_path)
-            live, why = _live_keys(ws, manifest) if not problem else (None, None)
+            live, why = live_cache_keys(ws, manifest) if not problem else (None, None)
             if problem:
                 cache["skipped"] = f"{ws.cache_path} is damaged ({problem}); `noderag index` salvages it first"
             elif live is None:
                 cache["skipped"] = why
             else:
-                unfinished = [name for name, entry in manifest.get("stages", {}).items() if entry.get("state") == "running"]
+                unfinished = [name for name, entry in manifest.stages.items() if entry.state == RUNNING]
                 keep = bool(unfinished) and not include_unfinished
                 try:
                     cache |= _sweep_cache(ws, live, dry_run or keep)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import AblationInputError, WorkspaceError
 from ..index.stages import Reporter
+from ..index.state import Manifest
 from ..questions import Question, read_jsonl
 from ..search.results import Retrieval
 from ..workspace import Workspace, workspace_holding
@@ -133,7 +134,7 @@ def prepare_dataset(dataset: str, data_dir: Path, workspace: Path, corpus_dir: P
         questions = DATASETS[dataset](data_dir, Path(corpus_dir))
     except (ValueError, KeyError, TypeError) as err:
         raise AblationInputError(f"{data_dir} is not in the {dataset} format: {type(err).__name__}: {err}") from None
-    indexed_from = Workspace(Path(workspace)).read_manifest().get("input")
+    indexed_from = Manifest.load(Workspace(Path(workspace))).input
     if indexed_from and Path(indexed_from) != Path(corpus_dir).resolve():
         raise AblationInputError(f"workspace {workspace} was indexed from {indexed_from}, not from the {dataset} corpus "
                                  f"{Path(corpus_dir).resolve()}; indexing the dataset into it would replace its "

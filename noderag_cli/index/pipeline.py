@@ -42,6 +42,7 @@ from ..workspace import CACHE_KEYS, NODES, Workspace
 from . import assemble
 from .scan import scan as scan_files
 from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
+from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
 OUTPUTS_DAMAGED = "its outputs are missing or damaged"
@@ -129,18 +130,18 @@ def outputs_digest(ws: Workspace, stage: Stage) -> str | None:
     return json_digest([file_digest(p) for p in paths])
 
 
-def damaged_outputs(ws: Workspace, stage: Stage, entry: dict) -> list[Path]:
+def damaged_outputs(ws: Workspace, stage: Stage, entry: StageEntry | None) -> list[Path]:
     """A finished stage's output files that are missing or no longer match the checksums its run
     recorded (every file, when the run recorded only their combined digest)."""
-    if entry.get("state") != "done":
+    if entry is None or not entry.done:
         return []
     if stage.name == "assemble":  # the current build's files, against its own manifest
         with assemble.open_current(ws) as built:
             return [] if built is None else [Path(line.split(": ", 1)[0]) for line in built.verify()]
     paths = [ws.stage_path(stage.name, name) for name in stage.outputs]
-    recorded = entry.get("files")
+    recorded = entry.files
     if recorded is None:
-        return [] if outputs_digest(ws, stage) == entry.get("outputs") else paths
+        return [] if outputs_digest(ws, stage) == entry.outputs else paths
     return [p for p, name in zip(paths, stage.outputs, strict=True)
             if not p.is_file() or file_digest(p) != recorded.get(name)]
 
@@ -152,55 +153,25 @@ class Decision:
     fingerprint: str | None = None
 
 
-def decide(ws: Workspace, stage: Stage, entry: dict, settings: str, upstream: dict[str, str | None],
+def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str, upstream: dict[str, str | None],
            scan_digest: str) -> Decision:
     """Whether a stage must run: the one rule for `index` and `index --dry-run`. `upstream`
     holds the digests of the upstream outputs, None for one that is about to be rewritten (the
     dry-run's case: then a stage whose other inputs match may still find its inputs unchanged)."""
-    if entry.get("state") != "done":
-        return Decision(True, "interrupted before" if entry.get("state") == "running" else "not run yet")
-    if entry.get("settings") != settings:
+    if entry is None or not entry.done:
+        return Decision(True, "interrupted before" if entry is not None and entry.state == RUNNING else "not run yet")
+    if entry.settings != settings:
         return Decision(True, "its settings changed")
-    if entry.get("failures"):
-        return Decision(True, f"retry {entry['failures']} failed item(s)")
+    if entry.failures:
+        return Decision(True, f"retry {entry.failures} failed item(s)")
     if any(upstream.get(u) is None for u in stage.upstream):
         return Decision(True, "its inputs may change (cached work is reused)")
     expected = fingerprint(stage, settings, upstream, scan_digest)
-    if entry.get("fingerprint") != expected:
+    if entry.fingerprint != expected:
         return Decision(True, "the input folder changed" if stage.reads_input else "its inputs changed", expected)
-    if outputs_digest(ws, stage) != entry.get("outputs"):
+    if outputs_digest(ws, stage) != entry.outputs:
         return Decision(True, OUTPUTS_DAMAGED, expected)
     return Decision(False, "unchanged", expected)
-
-
-def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, list[str]]:
-    """Paths by change between two {path: content hash} maps; a rename is a path that vanished
-    while a new path appeared with the same content (matched one to one, in path order)."""
-    gone = sorted(p for p in before if p not in now)
-    added = sorted(p for p in now if p not in before)
-    gone_by_hash: dict[str, list[str]] = {}
-    for path in gone:
-        gone_by_hash.setdefault(before[path], []).append(path)
-    renamed, new = [], []
-    for path in added:
-        candidates = gone_by_hash.get(now[path])
-        if candidates:
-            renamed.append(f"{candidates.pop(0)} -> {path}")
-        else:
-            new.append(path)
-    deleted = sorted(p for paths in gone_by_hash.values() for p in paths)
-    changed = sorted(p for p in now if p in before and before[p] != now[p])
-    unchanged = sorted(p for p in now if p in before and before[p] == now[p])
-    return {"new": new, "changed": changed, "renamed": renamed, "deleted": deleted, "unchanged": unchanged}
-
-
-def indexed_state(ws: Workspace) -> dict[str, str]:
-    """{path: content hash} of the documents in the last complete build (empty when none)."""
-    table = assemble.built_documents(ws, ["path", "content_hash", "status"])
-    if table is None:
-        return {}
-    return {p: h for p, h, s in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
-                                    table["status"].to_pylist(), strict=True) if s == "indexed"}
 
 
 def scan_digest_of(files) -> str:
@@ -216,7 +187,7 @@ def run_pipeline(
     reporter = reporter or Reporter()
     log = ws.logger()
     started = time.perf_counter()
-    check_embedding(ws.root, (ws.read_manifest().get("embedding") or {}).get("model"), embedder.model_id)
+    check_embedding(ws.root, Manifest.load(ws).embedding.get("model"), embedder.model_id)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
     files = scan_files(input_folder, config.chunk, reporter.advance)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
@@ -238,12 +209,12 @@ def run_pipeline(
     if removed:
         log.info("removed unused generations %s", ", ".join(removed))
 
-    manifest = ws.read_manifest()
-    if manifest.get("embedding", {}).get("vectors") == embedder.vector_id:
+    manifest = Manifest.load(ws)
+    if manifest.embedding.get("vectors") == embedder.vector_id:
         _recall_vectors(ws, embedder)
-    manifest["embedding"] = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
-    manifest["input"] = str(Path(input_folder).resolve())
-    ws.write_manifest(manifest)
+    manifest.embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
+    manifest.input = str(Path(input_folder).resolve())
+    manifest.save(ws)
     atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
 
     digests: dict[str, str] = {}
@@ -260,9 +231,9 @@ def run_pipeline(
             engine_log.removeHandler(handler)
         engine_log.setLevel(level)
     result.seconds = time.perf_counter() - started
-    result.failures = sum(s.get("failures", 0) for s in manifest["stages"].values())
+    result.failures = sum(entry.failures for entry in manifest.stages.values())
     built = assemble.current_manifest(ws)
-    if built is not None and manifest["stages"].get("assemble", {}).get("state") == "done":
+    if built is not None and manifest.done("assemble"):
         result.generation = built["name"]
         result.node_counts = {t: built["counts"]["nodes"].get(t, 0) for t in NODE_TYPES}
         result.edge_count = built["counts"]["edges"]["merged_total"]
@@ -271,17 +242,17 @@ def run_pipeline(
 
 
 def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
-                stop_after: str | None, manifest: dict, digests: dict, executor: Executor,
+                stop_after: str | None, manifest: Manifest, digests: dict, executor: Executor,
                 scan: str, result: IndexResult, log) -> None:
     """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
     for stage in STAGES:
         settings = settings_digest(config, engine.identity, stage)
-        entry = manifest["stages"].get(stage.name, {})
+        entry = manifest.entry(stage.name)
         decision = decide(ws, stage, entry, settings, digests, scan)
         if not decision.run:
-            digests[stage.name] = entry["outputs"]
+            digests[stage.name] = entry.outputs
             reporter.stage_finished(stage.name, 0.0, skipped=True)
-            result.stages[stage.name] = {"skipped": True, "seconds": entry.get("seconds", 0.0)}
+            result.stages[stage.name] = {"skipped": True, "seconds": entry.seconds}
             log.info("stage %s unchanged, skipped", stage.name)
             if stage.name == stop_after:
                 break
@@ -292,8 +263,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
                 reporter.warn(message)
                 log.warning(message)
         stage_print = decision.fingerprint or fingerprint(stage, settings, digests, scan)
-        manifest["stages"][stage.name] = {"state": "running", "fingerprint": stage_print, "settings": settings}
-        ws.write_manifest(manifest)
+        manifest.stages[stage.name] = StageEntry(RUNNING, stage_print, settings)
+        manifest.save(ws)
         log.info("stage %s started (%s)", stage.name, decision.reason)
         kill_point(stage.name, "start")
         before = _snapshot(engine.stats)
@@ -302,7 +273,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, entry.get("files", {}) if entry.get("state") == "done" else {}))
+                                  executor, (entry.files or {}) if entry is not None and entry.done else {}))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0
@@ -317,10 +288,9 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         result.rate_limit_waits += llm.get("rate_limit_waits", 0)
         result.rate_limit_seconds += llm.get("rate_limit_seconds", 0.0)
         info["vectors_computed"] = embedder.computed - vectors_before
-        manifest["stages"][stage.name] = {"state": "done", "fingerprint": stage_print, "settings": settings,
-                                          "outputs": digest, "files": recorded, "seconds": round(seconds, 3), "llm": llm,
-                                          **info}
-        ws.write_manifest(manifest)
+        manifest.stages[stage.name] = StageEntry(DONE, stage_print, settings, digest, recorded, round(seconds, 3), llm,
+                                                 info)
+        manifest.save(ws)
         reporter.stage_finished(stage.name, seconds, skipped=False)
         result.stages[stage.name] = {"skipped": False, "seconds": seconds, **info}
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
