@@ -50,8 +50,6 @@ def _nodes(generation: Generation) -> tuple[pa.Table, list[str], list[str]]:
 
 def _locations(generation: Generation, count: int) -> list[str]:
     """Each node's places (`search/prepare.places`) as an answer names them, joined."""
-    if generation.legacy:
-        return [""] * count
     indptr, rows = generation.array("place_indptr"), generation.array("place_rows")
     labels = [place_label({**place, **place_of(place["marks"], 0, 1 << 62)})
               for place in map(json.loads, generation.arrow("places")["place"].to_pylist())]

@@ -53,14 +53,10 @@ class Generation:
     `<name>.arrow`, `path(name)` is any other file."""
 
     ws_root: Path
-    name: str  # "" for a workspace in the layout from before generations
+    name: str
     folder: Path
     manifest: dict
     _lock_fd: int | None = None
-
-    @property
-    def legacy(self) -> bool:
-        return not self.name
 
     @property
     def meta(self) -> dict:

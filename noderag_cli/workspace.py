@@ -24,8 +24,9 @@ old build or the new one, never a mixture; a reader resolves CURRENT once, when 
 Old generations are removed by the next `index`, except those a reader still holds.
 
 A workspace written before generations existed keeps its final tables at the top level
-(nodes.parquet, edges.parquet, vectors.faiss, documents.parquet); it is read as it is, and the
-next `index` moves it to this layout without redoing any stage's work.
+(nodes.parquet, edges.parquet, vectors.faiss, documents.parquet). It is not read as it is: opening
+it names the `index` command that moves it to this layout, without redoing any stage's work
+(`assemble.legacy_documents` is all that run reads of it).
 """
 
 from __future__ import annotations
@@ -136,10 +137,6 @@ class Workspace:
 
     def generation_dir(self, name: str) -> Path:
         return self.root / GENERATIONS_DIR / name
-
-    def legacy_path(self, name: str) -> Path:
-        """A final table of the layout from before generations (read only, then removed)."""
-        return self.root / name
 
     # lifecycle -------------------------------------------------------------
     def check_usable(self) -> None:
@@ -434,9 +431,9 @@ class Workspace:
                 named, problem = self.generation_dir(written) / "manifest.json", "missing"
             raise damaged(named, self.root, problem, repair_hint(self.root, self._input()))
         if self.has_legacy_build():
-            manifest = self.read_manifest()
-            return Generation(self.root, "", self.root, {"embedding": manifest.get("embedding", {}),
-                                                         "input": manifest.get("input")})
+            raise WorkspaceError(f"workspace {self.root} holds a build of the layout from before generations; "
+                                 f"`noderag index {self.root} --input {self._input() or 'FOLDER'}` moves it to this "
+                                 "layout (no stage work is redone)")
         if not self.exists():
             raise NoBuildError(f"{self.root} is not a noderag workspace; run `noderag index {self.root} --input FOLDER` "
                                "to build one")

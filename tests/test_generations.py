@@ -325,9 +325,10 @@ def test_a_damaged_cache_is_salvaged(damage, built, second_corpus, second_built,
     assert all(info["skipped"] for info in again["stages"].values())
 
 
-def test_a_workspace_of_the_older_layout_is_queried_then_moved(built, tmp_path):
-    """A workspace written before generations (final tables at the top level) answers as it is, the
-    same as the new layout to the bit, and the next `index` moves it without redoing stage work."""
+def test_a_workspace_of_the_older_layout_names_the_command_that_moves_it(built, tmp_path):
+    """A workspace written before generations (final tables at the top level) is not read as it is:
+    `query` and `stats` say, in one line, which command moves it; that `index` moves it without
+    redoing stage work, and then it answers as a fresh build does."""
     workspace = copy_workspace(built, tmp_path / "ws")
     generation = build_file(workspace, "")
     for name in ("nodes.parquet", "edges.parquet", "vectors.faiss", "documents.parquet"):
@@ -340,8 +341,10 @@ def test_a_workspace_of_the_older_layout_is_queried_then_moved(built, tmp_path):
     del state["stages"]["assemble"]
     del state["checksum"]  # the older layout wrote none
     (workspace / "manifest.json").write_text(json.dumps(state))
-    assert answers(workspace) == answers(built)
-    assert noderag("stats", workspace, "--json").json()["nodes"]["T"] == 17
+    for command in (("query", workspace, "Who founded Vessmouth?"), ("stats", workspace)):
+        refused = noderag(*command)
+        assert refused.returncode == 3
+        assert_one_line_error(refused, "before generations", f"noderag index {workspace} --input")
     moved = index(workspace, SAMPLE_CORPUS).json()
     ran = {s for s, info in moved["stages"].items() if not info["skipped"]}
     assert ran <= {"chunk", "similarity", "assemble"}, ran

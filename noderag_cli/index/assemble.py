@@ -121,8 +121,8 @@ def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[st
 
 @contextlib.contextmanager
 def open_current(ws: Workspace) -> Iterator[Generation | None]:
-    """The current build (or one in the layout from before generations), held while in use; None
-    when there is none or it cannot be opened."""
+    """The current build, held while in use; None when there is none or it cannot be opened (a
+    build of the layout from before generations: `legacy_documents`)."""
     try:
         generation = ws.open_generation()
     except WorkspaceError:
@@ -136,7 +136,7 @@ def open_current(ws: Workspace) -> Iterator[Generation | None]:
 
 def current_manifest(ws: Workspace) -> dict | None:
     with open_current(ws) as generation:
-        return None if generation is None or generation.legacy else generation.manifest
+        return None if generation is None else generation.manifest
 
 
 def current_contents(ws: Workspace) -> str | None:
@@ -144,7 +144,7 @@ def current_contents(ws: Workspace) -> str | None:
     None (no build, a build of the older layout, or a damaged file): the assemble stage's
     outputs digest."""
     with open_current(ws) as generation:
-        if generation is None or generation.legacy or generation.verify():
+        if generation is None or generation.verify():
             return None
         return generation.manifest["contents"]
 
@@ -153,11 +153,17 @@ def built_documents(ws: Workspace, columns: list[str]) -> pa.Table | None:
     """The documents table of the last complete build, or None."""
     with open_current(ws) as generation:
         if generation is None:
-            return None
-        if generation.legacy:
-            path = ws.legacy_path("stages/similarity.documents.parquet")
-            return ws.read_table(path, columns) if path.is_file() else None
+            return legacy_documents(ws, columns) if ws.has_legacy_build() else None
         try:
             return generation.table("documents", columns)
         except WorkspaceError:
             return None
+
+
+def legacy_documents(ws: Workspace, columns: list[str]) -> pa.Table | None:
+    """The documents of a build of the layout from before generations (final tables at the top of
+    the workspace): the one thing read of it, so that the `index` run that moves it to a generation
+    compares the folder against what that build held. Nothing else reads that layout."""
+    path = ws.root / "stages" / "similarity.documents.parquet"
+    return ws.read_table(path, columns) if path.is_file() else None
+

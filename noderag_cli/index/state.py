@@ -153,8 +153,6 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
     `config`: the workspace's (its engine decides which chunks are already decomposed)."""
     latest = ws.stage_path("chunk", "documents.parquet")
     if not latest.is_file():
-        latest = ws.legacy_path("documents.parquet")
-    if not latest.is_file():
         return []
     documents = ws.read_table(latest).to_pylist()
     indexed = indexed_state(ws)

@@ -11,10 +11,9 @@ from ..cache import cache_damage
 from ..config import changed
 from ..engines.identity import identity
 from ..errors import DamagedError, NoBuildError
-from ..generation import Generation, repair_hint
+from ..generation import repair_hint
 from ..node_types import NODE_TYPES
 from ..workspace import Workspace
-from . import assemble
 from .chunk import document_chunks
 from .pipeline import damaged_outputs, decide, scan_digest_of, settings_digest
 from .run import Reading, workspace_config
@@ -22,10 +21,6 @@ from .scan import scan
 from .stages import STAGES
 from .state import Manifest, compare_documents, decomposed, documents_status, failed_items, indexed_state
 
-
-def _legacy_counts(generation: Generation) -> dict:
-    """`assemble.counts` of a build in the layout from before generations, from its tables."""
-    return assemble.counts(generation.table("nodes", ["type", "vector_row"]), generation.table("edges", ["kind", "hnsw"]))
 
 def stats(workspace: str | Path, verify: bool = False) -> dict:
     """Everything `noderag stats` shows, as plain data; never writes to the workspace. With
@@ -47,8 +42,8 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
         generation = None
     if generation is not None:
         with generation:
-            built = _legacy_counts(generation) if generation.legacy else generation.manifest["counts"]
-            report["generation"] = generation.name or "(older layout: the next `noderag index` moves it)"
+            built = generation.manifest["counts"]
+            report["generation"] = generation.name
             report["nodes"], report["edges"] = dict(built["nodes"]), built["edges"]
             report["vectors"]["count"] = built["vectors"]
             if verify:

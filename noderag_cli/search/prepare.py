@@ -3,8 +3,7 @@
 Every structure here is written into the build's generation by the last indexing stage
 (`index/assemble.py`) as flat arrays (`.npy`), Arrow IPC files and a faiss index, and a query
 process opens them by memory mapping (`search/retriever.py`): opening costs the same at any
-size, and a question reads only the pages it touches. A workspace from before generations is
-read by deriving the same structures in memory (`prepare` on its tables).
+size, and a question reads only the pages it touches.
 
 | name | what |
 |---|---|

@@ -37,9 +37,7 @@ from .ppr import WalkMatrix, shallow_ppr
 from .prepare import (
     SCANNED,
     WALK_ARRAYS,
-    Prepared,
     node_ids,
-    prepare,
     split_adjacency,
     walk_matrix,
 )
@@ -67,20 +65,6 @@ def _load_kernels() -> None:
 def _mapped(array: np.ndarray) -> np.ndarray:
     """A plain ndarray over a memory-mapped one (the kernels are compiled for plain arrays)."""
     return np.asarray(array)
-
-
-def _legacy_prepared(generation: Generation, similarity_weight: float) -> tuple[Prepared, np.ndarray]:
-    """The structures a generation holds, derived in memory from a workspace in the layout from
-    before generations (its next `index` writes them to disk)."""
-    nodes = generation.table("nodes", ["id", "type", "text", "name", "doc_ids", "tokens", "vector_row"])
-    try:
-        index = faiss.deserialize_index(np.fromfile(generation.path("vectors.faiss"), dtype=np.uint8))
-    except (OSError, RuntimeError) as err:
-        raise generation.damaged("vectors.faiss", f"unreadable: {str(err).splitlines()[0][:120]}") from None
-    vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), np.float32)
-    data = prepare(nodes, generation.table("edges"), generation.table("documents", ["doc_id", "path"]), vectors,
-                   similarity_weight)
-    return data, vectors
 
 
 def _found_in(unit: str, chunk_text: str) -> tuple[int, int] | None:
@@ -114,42 +98,37 @@ class Retriever:
         self.config = config
         self.engine = engine
         self.embedder = embedder
-        if generation.legacy:
-            data, vectors = _legacy_prepared(generation, config.search.similarity_weight)
-            scan8_index = faiss.deserialize_index(np.frombuffer(data.raw["scan8.faiss"], np.uint8))
-            meta = data.meta
-        else:
-            data, meta = generation, generation.meta
-            if meta.get("version") != PREPARED_VERSION:
-                raise generation.damaged("manifest.json", f"its search structures are of version {meta.get('version')}, "
-                                                          f"this noderag reads {PREPARED_VERSION}")
-            vector_index = self._read_index("vectors.faiss")
-            scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
-            if vector_index.d != embedder.dim:
-                raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
-            vectors = ivf.stored_vectors(vector_index)
-        self._text_column = data.arrow("node_text")["text"]
-        self.type_codes = _mapped(data.array("type_codes"))
-        self.id_hash = _mapped(data.array("id_hash"))
-        self.tokens = _mapped(data.array("tokens"))
+        meta = generation.meta
+        if meta.get("version") != PREPARED_VERSION:
+            raise generation.damaged("manifest.json", f"its search structures are of version {meta.get('version')}, "
+                                                      f"this noderag reads {PREPARED_VERSION}")
+        vector_index = self._read_index("vectors.faiss")
+        scan8_index = self._read_index("scan8.faiss") if "scan8" in meta else None
+        if vector_index.d != embedder.dim:
+            raise WorkspaceError(f"workspace vectors have dimension {vector_index.d}, the embedder gives {embedder.dim}")
+        vectors = ivf.stored_vectors(vector_index)
+        self._text_column = generation.arrow("node_text")["text"]
+        self.type_codes = _mapped(generation.array("type_codes"))
+        self.id_hash = _mapped(generation.array("id_hash"))
+        self.tokens = _mapped(generation.array("tokens"))
         scan8 = (scan8_index, meta["scan8"]["scale"], meta["scan8"]["error"]) if "scan8" in meta else None
-        clusters = tuple(_mapped(data.array(name)) for name in ("cluster_centroids", "cluster_indptr", "cluster_rows",
+        clusters = tuple(_mapped(generation.array(name)) for name in ("cluster_centroids", "cluster_indptr", "cluster_rows",
                                                                  "cluster_codes")) if "clusters" in meta else None
-        self.vector_side = VectorSide(vectors, self.type_codes, _mapped(data.array("vector_of_node")),
-                                      _mapped(data.array("node_of_vector")), _mapped(data.array("scanned_rows")),
+        self.vector_side = VectorSide(vectors, self.type_codes, _mapped(generation.array("vector_of_node")),
+                                      _mapped(generation.array("node_of_vector")), _mapped(generation.array("scanned_rows")),
                                       scan8, clusters, config.search.vector_probes)
-        self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(data.array(n)) for n in WALK_ARRAYS))}
-        self.leads_indptr, self.leads_indices = _mapped(data.array("leads_indptr")), _mapped(data.array("leads_indices"))
-        self.key_indptr, self.key_ids = _mapped(data.array("key_indptr")), _mapped(data.array("key_ids"))
+        self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(generation.array(n)) for n in WALK_ARRAYS))}
+        self.leads_indptr, self.leads_indices = _mapped(generation.array("leads_indptr")), _mapped(generation.array("leads_indices"))
+        self.key_indptr, self.key_ids = _mapped(generation.array("key_indptr")), _mapped(generation.array("key_ids"))
         self.key_count = int(meta["sentence_keys"])
-        self.doc_indptr, self.doc_codes = _mapped(data.array("doc_indptr")), _mapped(data.array("doc_codes"))
-        self.document_names = data.arrow("document_names")["path"]
+        self.doc_indptr, self.doc_codes = _mapped(generation.array("doc_indptr")), _mapped(generation.array("doc_codes"))
+        self.document_names = generation.arrow("document_names")["path"]
         self._paths: dict[int, str] = {}  # filled as paths are shown
-        self.place_indptr, self.place_rows = _mapped(data.array("place_indptr")), _mapped(data.array("place_rows"))
-        self.places = data.arrow("places")
+        self.place_indptr, self.place_rows = _mapped(generation.array("place_indptr")), _mapped(generation.array("place_rows"))
+        self.places = generation.arrow("places")
         self._places: dict[int, tuple[dict, int]] = {}  # (place, its chunk's T row), filled as places are shown
-        self.names = NameIndex({name: _mapped(data.array(name)) for name in NameIndex.ARRAYS},
-                               data.arrow("name_keys")["key"])
+        self.names = NameIndex({name: _mapped(generation.array(name)) for name in NameIndex.ARRAYS},
+                               generation.arrow("name_keys")["key"])
         self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
         self._value_names: dict[int, bool] = {}  # per entity row: its name is a date or a quantity
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
@@ -280,7 +259,7 @@ class Retriever:
         try:
             return self._retrieve(question, params, explain)
         except (IndexError, ValueError, KeyError, OverflowError, RuntimeError, pa.ArrowException):
-            problems = [] if self.generation.legacy else self.generation.verify()
+            problems = self.generation.verify()
             if problems:
                 path, _, detail = problems[0].partition(": ")
                 raise damaged(Path(path), self.generation.ws_root, detail,

@@ -29,7 +29,7 @@ class Session:
 
     @property
     def generation(self) -> str:
-        """The build the answers come from ("" for a workspace of the older layout)."""
+        """The build the answers come from."""
         return self.retriever.generation.name
 
     def search_settings(self, **changes) -> SearchConfig:
@@ -61,13 +61,11 @@ COMPILED_FROM_QUESTIONS = 1000
 def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None) -> Config:
     """The config to search a build with: the file given (searching with the build's own embedding
     model when it names none), else the config the build was made with."""
-    own_path = ws.config_path if generation.legacy else generation.path("config.yaml")
+    own_path = generation.path("config.yaml")
     own_file = own_path if own_path.is_file() else None
     try:
         own = load_config(own_file)
     except ConfigError as err:  # written by noderag itself: unreadable is damaged, and `index` writes it again
-        if generation.legacy:
-            raise
         raise damaged(own_path, ws.root, str(err).split(": ", 1)[-1],
                       repair_hint(ws.root, generation.manifest.get("input"))) from None
     if config_path is None:
