@@ -67,7 +67,7 @@ def _stored_reports(workspace: Path) -> dict[str, tuple[str, int]]:
 def test_every_strategy_returns_well_formed_results_within_budget(setup, questions, name):
     strategy = STRATEGIES[name].build(setup)
     retriever = setup.retriever
-    paths = set(retriever.document_names.to_pylist())
+    paths = set(retriever.build.document_names.to_pylist())
     reports = _stored_reports(setup.workspace)
     reached = 0
     for budget in (150, 1200):
@@ -83,7 +83,7 @@ def test_every_strategy_returns_well_formed_results_within_budget(setup, questio
                 if node.id in reports:  # a seed system's community report, as the workspace keeps it
                     assert (node.text, node.tokens) == reports[node.id]
                 else:
-                    assert node.tokens == int(retriever.tokens[retriever.graph.index_of[node.id]])
+                    assert node.tokens == int(retriever.build.tokens[retriever.build.graph.index_of[node.id]])
                 assert node.documents and set(node.documents) <= paths
             reached += bool(result.nodes) and budget > 1000  # sample chunks may not fit in 150 tokens
     assert reached >= 4, f"{name} found nothing for most questions"
@@ -126,16 +126,16 @@ def test_similarity_weight_zero_walks_the_graph_without_similarity_edges(workspa
 
     retriever = setup.retriever
     edges = pq.read_table(build_file(workspace, "edges.parquet"))
-    nodes = pa.table({"id": pa.array(retriever.ids.tolist()), "type": pa.array(retriever.types.tolist())})
+    nodes = pa.table({"id": pa.array(retriever.build.ids.tolist()), "type": pa.array(retriever.build.types.tolist())})
     structural = edges.filter(pc.not_equal(edges["kind"], "similarity"))
     weight = pc.subtract(structural["weight"], structural["hnsw"].cast(pa.float32()))
     structural = structural.set_column(structural.schema.get_field_index("weight"), "weight", weight)
     structural = structural.filter(pc.greater(structural["weight"], 0))
     assert edges.num_rows > structural.num_rows  # the sample graph has similarity edges
     without = transition(Graph.from_tables(nodes, structural).adjacency)
-    assert abs(retriever.walk_matrix(0.0).as_csr() - without).max() == 0
-    assert abs(retriever.walk_matrix(1.0).as_csr() - transition(retriever.graph.adjacency)).max() < 1e-15
-    assert retriever.walk_matrix(1.0) is retriever.walk_matrix(1.0)  # built once per weight
+    assert abs(retriever.build.walk_matrix(0.0).as_csr() - without).max() == 0
+    assert abs(retriever.build.walk_matrix(1.0).as_csr() - transition(retriever.build.graph.adjacency)).max() < 1e-15
+    assert retriever.build.walk_matrix(1.0) is retriever.build.walk_matrix(1.0)  # built once per weight
     no_hnsw, default = STRATEGIES["no-hnsw"].build(setup), STRATEGIES["noderag"].build(setup)
     with_hnsw = _search(retriever, similarity_weight=1.0)
     question = "Which company built the steamer that rescued 41 sailors during the Great Storm of 1871?"

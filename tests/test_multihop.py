@@ -62,7 +62,7 @@ def test_the_second_round_reaches_the_bridge_entitys_own_passage(films):
     two_rounds = films.ask(QUESTION, params=films.search_settings(budget_tokens=300))
     assert "Tarnow" not in one_round.context_text()  # the other directors' towns fill the budget
     assert "Tarnow" in two_rounds.context_text() and "Tarnow" in two_rounds.answer
-    bridges = [films.retriever.texts[films.retriever.ids.tolist().index(i)] for i in two_rounds.entry_points["bridge"]]
+    bridges = [films.retriever.build.texts[films.retriever.build.ids.tolist().index(i)] for i in two_rounds.entry_points["bridge"]]
     assert "Mara Quell" in bridges
     assert not any(name.isdigit() for name in bridges)  # "1999" names a value, not a passage to go to
     assert two_rounds.context_tokens <= 300

@@ -83,7 +83,7 @@ def test_similarity_weight_is_a_per_call_setting_of_the_walk(session):
         walked = [n.id for n in session.retrieve(item["question"], paper).nodes]
         differs += default != walked
     assert differs
-    assert len(retriever.walk_matrix(0.0).indices) < len(retriever.walk_matrix(1.0).indices)
+    assert len(retriever.build.walk_matrix(0.0).indices) < len(retriever.build.walk_matrix(1.0).indices)
 
 
 def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
@@ -100,28 +100,28 @@ def test_cross_nodes_are_the_best_of_everything_the_walk_reached(session):
         query = r.embed_question(item["question"])
         exact, vector, _, _ = r.entry_points(item["question"], params, query)
         entries = np.union1d(exact, vector).astype(np.int64)
-        support, mass = shallow_ppr(r.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
+        support, mass = shallow_ppr(r.build.walk_matrix(params.similarity_weight), entries, params.ppr_alpha,
                                     params.ppr_iterations)
         rows, scores = r.select(support, mass, entries, uniform_start(entries), params, query)
         walk = dict(zip(support.tolist(), mass.tolist(), strict=True))
         for e in entries.tolist():
             walk[e] = max(walk[e] - params.ppr_alpha / len(entries), 0.0)
-        candidates = [n for n in support.tolist() if r.types[n] in "TSAHR"]
-        embedded = [n for n in candidates if r.vector_side.vector_of_node[n] >= 0]
-        cosine = {n: max(float(r.vector_side.vectors[r.vector_side.vector_of_node[n]] @ query), 0.0) for n in embedded}
+        candidates = [n for n in support.tolist() if r.build.types[n] in "TSAHR"]
+        embedded = [n for n in candidates if r.build.vector_side.vector_of_node[n] >= 0]
+        cosine = {n: max(float(r.build.vector_side.vectors[r.build.vector_side.vector_of_node[n]] @ query), 0.0) for n in embedded}
         mean = sum(cosine.values()) / len(cosine)
-        score = {n: np.sqrt(walk[n]) * cosine.get(n, mean * 0.5) * (params.chunk_weight if r.types[n] == "T" else 1)
+        score = {n: np.sqrt(walk[n]) * cosine.get(n, mean * 0.5) * (params.chunk_weight if r.build.types[n] == "T" else 1)
                  for n in candidates}
         got = dict(zip(rows.tolist(), scores.tolist(), strict=True))
         for node_type, quota in params.quotas().items():
-            ranked = sorted((n for n in candidates if r.types[n] == node_type and n not in entries and score[n] > 0),
+            ranked = sorted((n for n in candidates if r.build.types[n] == node_type and n not in entries and score[n] > 0),
                             key=lambda n: (-score[n], n))
             assert set(ranked[:quota]) <= set(got), node_type
             for n in ranked[:quota]:
                 # the search's cosines are float32 dot products: off by up to ~1e-6 in absolute terms,
                 # which is more than 1e-5 relative for a node almost orthogonal to the question
                 assert got[n] == pytest.approx(score[n], rel=1e-5, abs=np.sqrt(walk[n]) * 2e-6), (n, cosine.get(n))
-        assert all(r.type_codes[n] <= TYPE_CODE["R"] for n in got)
+        assert all(r.build.type_codes[n] <= TYPE_CODE["R"] for n in got)
 
 
 def test_a_questions_cosines_are_computed_once_with_the_same_bits(session):
@@ -132,7 +132,7 @@ def test_a_questions_cosines_are_computed_once_with_the_same_bits(session):
 
     from noderag_cli.search.vectors import QuestionCosines
 
-    side = session.retriever.vector_side
+    side = session.retriever.build.vector_side
     query = session.retriever.embed_question(QUESTIONS[0]["question"])
     rng = np.random.default_rng(3)
     n = len(side.vector_of_node[side.vector_of_node >= 0])
@@ -269,8 +269,10 @@ def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
 def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
     """The kernels (compiled, the API's default) and the numpy path (one-shot CLI questions) give
     the same nodes, scores and order, for the default search and the paper's variants."""
+    from noderag_cli.search.steps import CompiledSteps, NumpySteps
+
     plain = api.open_workspace(workspace, compiled=False)
-    assert plain.retriever.kernels is None and session.retriever.kernels is not None
+    assert isinstance(plain.retriever.steps, NumpySteps) and isinstance(session.retriever.steps, CompiledSteps)
     base = session.retriever.config.search
     settings = [{}, {"budget_tokens": 300}, {"similarity_weight": 1.0}, {"ppr_iterations": 1}, {"cross_s": 3, "cross_r": 0},
                 {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}, {"second_round_chunks": 0},
@@ -291,17 +293,17 @@ def test_the_int8_scan_finds_the_exact_top_k(session, monkeypatch):
     r = session.retriever
     rng = np.random.default_rng(2)
     queries = [r.embed_question(item["question"]) for item in QUESTIONS]
-    queries += [q / np.linalg.norm(q) for q in rng.normal(size=(20, r.vector_side.vectors.shape[1])).astype(np.float32)]
+    queries += [q / np.linalg.norm(q) for q in rng.normal(size=(20, r.build.vector_side.vectors.shape[1])).astype(np.float32)]
     for k in (1, 5, 10, 40):
         for query in queries:
-            rows, scores = r.vector_side.search(query, k, SCANNED)
-            flat_rows, flat_scores = r.vector_side.search(query, k, SCANNED, r.vector_side.similarities(query))
+            rows, scores = r.build.vector_side.search(query, k, SCANNED)
+            flat_rows, flat_scores = r.build.vector_side.search(query, k, SCANNED, r.build.vector_side.similarities(query))
             assert rows.tolist() == flat_rows.tolist() and np.array_equal(scores, flat_scores)
     # with too few candidates to prove the answer, the exact scan takes over: same result
     monkeypatch.setattr(vectors_module, "SCAN8_CANDIDATES", 0)
     proved = 0
     for query in queries:
-        proved += r.vector_side._scan8_top(query, 10) is not None
-        assert r.vector_side.search(query, 10, SCANNED)[0].tolist() == \
-            r.vector_side.search(query, 10, SCANNED, r.vector_side.similarities(query))[0].tolist()
+        proved += r.build.vector_side._scan8_top(query, 10) is not None
+        assert r.build.vector_side.search(query, 10, SCANNED)[0].tolist() == \
+            r.build.vector_side.search(query, 10, SCANNED, r.build.vector_side.similarities(query))[0].tolist()
     assert proved < len(queries)

@@ -114,26 +114,26 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
     a few, each result is a true cosine and a subset of the scan's candidates."""
     with api.open_workspace(clustered_build, compiled=False) as session:
         retriever = session.retriever
-        assert retriever.vector_side.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
-        count = len(retriever.vector_side.clusters[0])
+        assert retriever.build.vector_side.clusters is not None and not (build_file(clustered_build, "scan8.faiss")).exists()
+        count = len(retriever.build.vector_side.clusters[0])
         # more members than the int8 codes pass on to exact rescoring: the codes choose, and must not miss
-        assert len(retriever.vector_side.clusters[2]) > SCAN8_CANDIDATES + 10
-        assert retriever.vector_side.clusters[3].dtype == np.int8 and retriever.vector_side.clusters[3].shape == (len(retriever.vector_side.clusters[2]),
-                                                                                          retriever.vector_side.vectors.shape[1])
-        codes, rows = retriever.vector_side.clusters[3], retriever.vector_side.clusters[2]
-        vectors = retriever.vector_side.float_vectors
-        scale = 127 / np.abs(vectors[retriever.vector_side.scanned_rows]).max()
+        assert len(retriever.build.vector_side.clusters[2]) > SCAN8_CANDIDATES + 10
+        assert retriever.build.vector_side.clusters[3].dtype == np.int8 and retriever.build.vector_side.clusters[3].shape == (len(retriever.build.vector_side.clusters[2]),
+                                                                                          retriever.build.vector_side.vectors.shape[1])
+        codes, rows = retriever.build.vector_side.clusters[3], retriever.build.vector_side.clusters[2]
+        vectors = retriever.build.vector_side.float_vectors
+        scale = 127 / np.abs(vectors[retriever.build.vector_side.scanned_rows]).max()
         assert np.abs(codes.astype(np.float32) / scale - vectors[rows]).max() <= 0.5 / scale + 1e-6
         for question in ("Who founded the Korven Institute?", "Where was the Greyling Medal first awarded?",
                          "Which village were the Penrake brothers born in?", "What happened in the flood?",
                          "Who built the Orlen ferries?", "What does the society award?"):
             query = retriever.embed_question(question)
-            everything = retriever.vector_side.search(query, 10, ("S", "A", "H"), probes=count)
-            flat = retriever.vector_side.search(query, 10, ("S", "A", "H"), retriever.vector_side.similarities(query))
+            everything = retriever.build.vector_side.search(query, 10, ("S", "A", "H"), probes=count)
+            flat = retriever.build.vector_side.search(query, 10, ("S", "A", "H"), retriever.build.vector_side.similarities(query))
             assert everything[0].tolist() == flat[0].tolist()
             assert np.allclose(everything[1], flat[1])
-            few_rows, few_scores = retriever.vector_side.search(query, 10, ("S", "A", "H"), probes=1)
-            rows = retriever.vector_side.vector_of_node[few_rows]
+            few_rows, few_scores = retriever.build.vector_side.search(query, 10, ("S", "A", "H"), probes=1)
+            rows = retriever.build.vector_side.vector_of_node[few_rows]
             assert np.allclose(few_scores, vectors[rows] @ query, atol=1e-6)
 
 
@@ -227,7 +227,7 @@ def test_workers_end_when_the_indexing_process_is_killed(tmp_path):
 def test_the_walk_matches_a_dense_walk(built):
     """The sparse numpy walk gives the support and mass of the dense walk (P^T x on whole vectors)."""
     with api.open_workspace(built, compiled=False) as session:
-        walk = session.retriever.walk_matrix(0.0)
+        walk = session.retriever.build.walk_matrix(0.0)
         entries = np.array([3, 40, 41], np.int64)
         dense = np.zeros(walk.n)
         dense[entries] = 1 / 3
@@ -315,7 +315,7 @@ def test_clustered_search_is_the_same_compiled_or_not(clustered_build):
     from noderag_cli.search.vectors import probe_top
 
     with api.open_workspace(clustered_build, compiled=False) as session:
-        side = session.retriever.vector_side
+        side = session.retriever.build.vector_side
         for question in ("Who founded the Korven Institute?", "What happened in the flood?", "Who built the Orlen ferries?"):
             query = session.retriever.embed_question(question)
             for probes in (1, 2, len(side.clusters[0])):

@@ -111,11 +111,11 @@ def vector_context(retriever: Retriever, question: str, budget: int, types: tupl
     if query_vector is None:
         query_vector = retriever.embed_question(question)
     k = candidates_for(budget)
-    rows, similarity = retriever.vector_side.search(query_vector, k, types)
-    scores = np.zeros(len(retriever.ids), dtype=np.float64)
+    rows, similarity = retriever.build.vector_side.search(query_vector, k, types)
+    scores = np.zeros(len(retriever.build.ids), dtype=np.float64)
     scores[rows] = similarity
-    kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget,
-                              keys=retriever.sentence_keys if dedupe else None)
+    kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.build.tokens, budget,
+                              keys=retriever.build.sentence_keys if dedupe else None)
     return _finish(retriever, question, kept, scores, started)
 
 
@@ -125,9 +125,9 @@ def fill_sections(retriever: Retriever, sections: list[tuple[np.ndarray, np.ndar
     filled in order; what a section leaves unused passes to the next (`carry`, `used_total`: what
     sections filled before these left and used). Returns kept rows and a score per node row (for
     display: a node's score within its section)."""
-    scores = np.zeros(len(retriever.ids), dtype=np.float64)
+    scores = np.zeros(len(retriever.build.ids), dtype=np.float64)
     kept: list[np.ndarray] = []
-    taken = np.zeros(len(retriever.ids), dtype=bool)
+    taken = np.zeros(len(retriever.build.ids), dtype=bool)
     for rows, values, share in sections:
         allowance = int(share * budget + carry)
         rows = np.asarray(rows, dtype=np.int64)
@@ -135,8 +135,8 @@ def fill_sections(retriever: Retriever, sections: list[tuple[np.ndarray, np.ndar
         fresh = (~taken[rows]) & (values > 0)
         rows, values = rows[fresh], values[fresh]
         allowance = min(allowance, budget - used_total)
-        chosen = context.fit_budget(rows, values, retriever.tokens, allowance, keys=retriever.sentence_keys)
-        used = int(retriever.tokens[chosen].sum()) if len(chosen) else 0
+        chosen = context.fit_budget(rows, values, retriever.build.tokens, allowance, keys=retriever.build.sentence_keys)
+        used = int(retriever.build.tokens[chosen].sum()) if len(chosen) else 0
         carry = allowance - used
         used_total += used
         taken[chosen] = True
@@ -170,11 +170,11 @@ class GraphSide:
 
     def __init__(self, setup: Setup):
         retriever = self.retriever = setup.retriever
-        n = len(retriever.ids)
-        edges = retriever.generation.table("edges", ["source", "target", "kind"]).to_pydict()
-        nodes = retriever.generation.table("nodes", ["id", "community"]).to_pydict()
+        n = len(retriever.build.ids)
+        edges = retriever.build.generation.table("edges", ["source", "target", "kind"]).to_pydict()
+        nodes = retriever.build.generation.table("nodes", ["id", "community"]).to_pydict()
         self.community = np.asarray(nodes["community"], dtype=np.int64)
-        index_of = retriever.graph.index_of
+        index_of = retriever.build.graph.index_of
         src = np.fromiter((index_of[s] for s in edges["source"]), np.int64, len(edges["source"]))
         dst = np.fromiter((index_of[t] for t in edges["target"]), np.int64, len(edges["target"]))
         kinds = np.asarray(edges["kind"], dtype=object)
@@ -185,15 +185,15 @@ class GraphSide:
             ones = np.ones(2 * len(a))
             self.kind[kind] = sp.csr_matrix((ones, (np.concatenate([a, b]), np.concatenate([b, a]))), shape=(n, n))
         self.kind["described"] = (self.kind["A-N"] + self.kind["S-N"]).tocsr()  # entity -> its A and S
-        self.entities = retriever.rows_by_type["N"]
-        self.relations = retriever.rows_by_type["R"]
+        self.entities = retriever.build.rows_by_type["N"]
+        self.relations = retriever.build.rows_by_type["R"]
         embedder = Embedder(retriever.embedder.config, setup.cache) if setup.cache else retriever.embedder
         self.embedder = embedder
-        self.name_vectors = embedder.embed([str(t) for t in retriever.texts[self.entities]])
-        self.relation_vectors = embedder.embed([str(t) for t in retriever.texts[self.relations]])
+        self.name_vectors = embedder.embed([str(t) for t in retriever.build.texts[self.entities]])
+        self.relation_vectors = embedder.embed([str(t) for t in retriever.build.texts[self.relations]])
         # entity description vectors: name + mean of its units and attribute
-        described = self.kind["described"][self.entities][:, retriever.vector_side.node_of_vector]
-        mean = described @ retriever.vector_side.float_vectors
+        described = self.kind["described"][self.entities][:, retriever.build.vector_side.node_of_vector]
+        mean = described @ retriever.build.vector_side.float_vectors
         mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
         combined = self.name_vectors + mean
         combined /= np.maximum(np.linalg.norm(combined, axis=1, keepdims=True), 1e-12)
@@ -203,8 +203,8 @@ class GraphSide:
     # query-side helpers -------------------------------------------------------------
     def similarity(self, query_vector: np.ndarray) -> np.ndarray:
         """Cosine of every embedded node to the query (0 for nodes without a vector)."""
-        out = np.zeros(len(self.retriever.ids), dtype=np.float64)
-        vectors = self.retriever.vector_side
+        out = np.zeros(len(self.retriever.build.ids), dtype=np.float64)
+        vectors = self.retriever.build.vector_side
         out[vectors.node_of_vector] = np.maximum(_dot(vectors.float_vectors, query_vector), 0.0)
         return out
 
@@ -220,12 +220,12 @@ class GraphSide:
     def match_entities(self, keywords: list[str], k: int) -> np.ndarray:
         """Entity scores (full-length array, nonzero on N rows): names found in a keyword by the
         name index score 1; otherwise each keyword's k nearest names by vector, with their cosine."""
-        scores = np.zeros(len(self.retriever.ids), dtype=np.float64)
+        scores = np.zeros(len(self.retriever.build.ids), dtype=np.float64)
         if not keywords:
             return scores
-        is_entity = self.retriever.types == "N"
+        is_entity = self.retriever.build.types == "N"
         for keyword in keywords:
-            rows = [r for r in self.retriever.names.match(keyword) if is_entity[r]]
+            rows = [r for r in self.retriever.build.names.match(keyword) if is_entity[r]]
             scores[rows] = 1.0
         similarity = np.einsum("ij,kj->ik", self.name_vectors, self.embedder.embed(keywords))  # (entities, keywords)
         for column in range(similarity.shape[1]):  # each keyword's k nearest names
@@ -238,12 +238,12 @@ class GraphSide:
     def description_candidates(self, entity_scores: np.ndarray, similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Entity descriptions: the entity's attribute (A) where it has one, and the units (S) that
         mention it, each scored by the entity score it carries times its similarity to the question."""
-        rows = np.concatenate([self.retriever.rows_by_type["A"], self.retriever.rows_by_type["S"]])
+        rows = np.concatenate([self.retriever.build.rows_by_type["A"], self.retriever.build.rows_by_type["S"]])
         mass = self.kind["described"] @ entity_scores
         return rows, mass[rows] * similarity[rows]
 
     def chunk_scores(self, unit_mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        chunks = self.retriever.rows_by_type["T"]
+        chunks = self.retriever.build.rows_by_type["T"]
         return chunks, (self.kind["T-S"] @ unit_mass)[chunks]
 
     def hippo(self) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
@@ -254,9 +254,9 @@ class GraphSide:
             graph = (b.T @ b).tocsr()
             graph.setdiag(0)
             graph.eliminate_zeros()
-            chunks = self.retriever.rows_by_type["T"]
-            occurs = (self.kind["T-S"][chunks][:, self.retriever.rows_by_type["S"]]
-                      @ self.kind["S-N"][self.retriever.rows_by_type["S"]][:, self.entities])
+            chunks = self.retriever.build.rows_by_type["T"]
+            occurs = (self.kind["T-S"][chunks][:, self.retriever.build.rows_by_type["S"]]
+                      @ self.kind["S-N"][self.retriever.build.rows_by_type["S"]][:, self.entities])
             occurs = (occurs > 0).astype(np.float64).tocsr()
             per_entity = np.asarray(occurs.sum(axis=0)).ravel()
             specificity = np.divide(1.0, per_entity, out=np.zeros_like(per_entity), where=per_entity > 0)
@@ -272,10 +272,10 @@ def naive_rag(retriever: Retriever, question: str, budget: int) -> Retrieval:
     """NaiveRAG: text chunks by vector similarity to the question, best first, until the budget is full."""
     question = retriever.check_question(question)
     started = time.perf_counter()
-    rows, similarity = retriever.vector_side.search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",))
-    scores = np.zeros(len(retriever.ids), dtype=np.float64)
+    rows, similarity = retriever.build.vector_side.search(retriever.embed_question(question), NAIVE_CANDIDATES, ("T",))
+    scores = np.zeros(len(retriever.build.ids), dtype=np.float64)
     scores[rows] = similarity
-    kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.tokens, budget)
+    kept = context.fit_budget(rows, similarity.astype(np.float64), retriever.build.tokens, budget)
     result = Retrieval(question=question)
     result.nodes = retriever.nodes_for(kept, scores)
     result.timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
@@ -321,7 +321,7 @@ def _lightrag_sections(side: GraphSide, question: str, mode: str, budget: int) -
     if mode in ("global", "hybrid"):
         relation_similarity = _dot(side.relation_vectors, side.embedder.embed([high])[0])
         best = np.argsort(-relation_similarity, kind="stable")[:LIGHTRAG_TOP_RELATIONS]
-        relation = np.zeros(len(retriever.ids), dtype=np.float64)
+        relation = np.zeros(len(retriever.build.ids), dtype=np.float64)
         relation[side.relations[best]] = np.maximum(relation_similarity[best], 1e-6)
         entity = side.kind["R-N"] @ relation  # the entities at both ends
         by_section["relations"].append((side.relations, relation[side.relations]))
@@ -391,7 +391,7 @@ def graphrag_local(setup: Setup, question: str, budget: int, level: int | None =
     similarity = side.similarity(query)
     entity_similarity = _dot(side.entity_vectors, query)
     best = np.argsort(-entity_similarity, kind="stable")[:GRAPHRAG_TOP_ENTITIES]
-    entity = np.zeros(len(retriever.ids), dtype=np.float64)
+    entity = np.zeros(len(retriever.build.ids), dtype=np.float64)
     entity[side.entities[best]] = np.maximum(entity_similarity[best], 1e-6)
     relation = side.kind["R-N"] @ (entity > 0).astype(np.float64)  # 2 = joins two selected entities
     relation[side.relations] += 0.5 * np.maximum(_dot(side.relation_vectors, query), 0.0) * (relation[side.relations] > 0)
@@ -402,7 +402,7 @@ def graphrag_local(setup: Setup, question: str, budget: int, level: int | None =
                 (chunk_rows, chunk_values, GRAPHRAG_SHARES["chunks"])]
     allowance = int(GRAPHRAG_SHARES["communities"] * budget)
     if level is None:
-        high = retriever.rows_by_type["H"]
+        high = retriever.build.rows_by_type["H"]
         votes = Counter(side.community[side.entities[best]].tolist())
         community_votes = np.array([votes.get(c, 0) for c in side.community[high].tolist()], dtype=np.float64)
         community_scores = community_votes + similarity[high]  # ties: closer summary first
@@ -480,11 +480,11 @@ def hipporag(setup: Setup, question: str, budget: int) -> Retrieval:
     side = setup.graph_side()
     walk, occurs, specificity = side.hippo()
     entities = list(dict.fromkeys(retriever.engine.query_entities(question)))
-    position = np.full(len(retriever.ids), -1, dtype=np.int64)
+    position = np.full(len(retriever.build.ids), -1, dtype=np.int64)
     position[side.entities] = np.arange(len(side.entities))
     seeds: list[int] = []
     for name in entities:
-        found = [int(position[r]) for r in retriever.names.match(name) if position[r] >= 0]
+        found = [int(position[r]) for r in retriever.build.names.match(name) if position[r] >= 0]
         if not found:
             found = [int(np.argmax(_dot(side.name_vectors, side.embedder.embed([name])[0])))]
         seeds.extend(found)
@@ -495,12 +495,12 @@ def hipporag(setup: Setup, question: str, budget: int) -> Retrieval:
     for seed in dict.fromkeys(seeds):
         personalization[seed] = specificity[seed] or 1.0
     mass = _pagerank(walk, personalization, HIPPO_ALPHA)
-    chunks = retriever.rows_by_type["T"]
+    chunks = retriever.build.rows_by_type["T"]
     chunk_mass = occurs @ mass
-    scores = np.zeros(len(retriever.ids), dtype=np.float64)
+    scores = np.zeros(len(retriever.build.ids), dtype=np.float64)
     scores[chunks] = chunk_mass
     ranked = chunks[chunk_mass > 0]
-    kept = context.fit_budget(ranked, scores[ranked], retriever.tokens, budget)
+    kept = context.fit_budget(ranked, scores[ranked], retriever.build.tokens, budget)
     return _finish(retriever, question, kept, scores, started, entities)
 
 

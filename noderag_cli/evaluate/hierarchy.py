@@ -83,7 +83,7 @@ class Hierarchy:
 
 # --------------------------------------------------------------------------- stored
 def _digest(retriever, engine, kind: str, settings: dict) -> str:
-    files = retriever.generation.manifest.get("files", {})
+    files = retriever.build.generation.manifest.get("files", {})
     return json_digest({"version": VERSION, "kind": kind, "build": files, "engine": engine.identity,
                         "vectors": retriever.embedder.vector_id, "settings": settings})[:16]
 
@@ -203,8 +203,8 @@ def summarise(engine, statements: list[tuple[str, ...]]) -> list[str]:
 
 def _documents(retriever, rows: np.ndarray) -> list[str]:
     """The paths of the documents the given workspace nodes come from, sorted."""
-    codes = np.unique(retriever.doc_codes[row_entries(retriever.doc_indptr, np.asarray(rows, np.int64))])
-    return sorted(retriever._document_paths(codes))
+    codes = np.unique(retriever.build.doc_codes[row_entries(retriever.build.doc_indptr, np.asarray(rows, np.int64))])
+    return sorted(retriever.build.document_paths(codes))
 
 
 # --------------------------------------------------------------------------- GraphRAG
@@ -213,7 +213,7 @@ def graphrag(setup) -> Hierarchy:
     side = setup.graph_side()
     retriever = setup.retriever
     graph_config = retriever.config.graph
-    types = retriever.types
+    types = retriever.build.types
     base = np.flatnonzero(np.isin(types, ["S", "N", "R", "A"]))
     structure = sum(side.kind[k] for k in ("S-N", "R-N", "S-R", "A-N")).tocsr()[base][:, base]
     rows, cols, weights = _upper(structure)
@@ -236,7 +236,7 @@ def graphrag(setup) -> Hierarchy:
     degree = np.asarray(structure.sum(axis=1)).ravel()
     content = np.isin(types[base], ["S", "A"])
     order = np.lexsort((base, -degree, types[base] != "A"))  # attributes first, then best connected
-    texts, tokens = retriever.texts, retriever.tokens
+    texts, tokens = retriever.build.texts, retriever.build.tokens
     groups, level, members_of = [], [], []
     for depth, label in enumerate(labels):
         for community in range(int(label.max(initial=-1)) + 1):
@@ -314,10 +314,10 @@ def _entity_graph(side, retriever) -> tuple[sp.csr_matrix, list[tuple]]:
     the units that mention it, best connected first, at most three."""
     base = side.entities
     joined = side.kind["R-N"][side.relations][:, base]
-    shared = side.kind["S-N"][retriever.rows_by_type["S"]][:, base]
+    shared = side.kind["S-N"][retriever.build.rows_by_type["S"]][:, base]
     structure = _unweighted((joined.T @ joined) + (shared.T @ shared))
     described = side.kind["described"][base].tocsr()
-    texts, tokens, types = retriever.texts, retriever.tokens, retriever.types
+    texts, tokens, types = retriever.build.texts, retriever.build.tokens, retriever.build.types
     statements = []
     for i in range(len(base)):
         rows = described.indices[described.indptr[i] : described.indptr[i + 1]]

@@ -76,7 +76,7 @@ def archrag(setup: Setup, question: str, budget: int, kind: str = "archrag", lay
     order = np.lexsort((pool, -cosine[pool]))[:ARCHRAG_TOP]
     picked = pool[order]
     picked = picked[cosine[picked] >= ARCHRAG_FILTER * cosine[picked[0]]] if len(picked) else picked
-    entity = np.zeros(len(retriever.ids), dtype=np.float64)
+    entity = np.zeros(len(retriever.build.ids), dtype=np.float64)
     entity[side.entities[picked]] = np.maximum(cosine[picked], 1e-6)
     similarity = side.similarity(query)
     description_rows, description_values = side.description_candidates(entity, similarity)

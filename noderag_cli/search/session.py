@@ -30,7 +30,7 @@ class Session:
     @property
     def generation(self) -> str:
         """The build the answers come from."""
-        return self.retriever.generation.name
+        return self.retriever.build.generation.name
 
     def search_settings(self, **changes) -> SearchConfig:
         """This session's search settings with some changed (validated: ConfigError), for `params`."""
