@@ -66,6 +66,7 @@ EDGES = "edges.parquet"  # an edge table, likewise
 LEGACY_FINAL = (NODES, EDGES, "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
 
+
 def _input_of(manifest_path: Path) -> str | None:
     """The input folder a (possibly damaged) manifest names, if its text still shows it."""
     try:

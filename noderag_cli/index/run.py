@@ -29,6 +29,7 @@ class Reading:
     include: list[str] | None = None
     exclude: list[str] | None = None
 
+
 def workspace_config(ws: Workspace, config_path: Path | None = None, reading: Reading | None = None) -> Config:
     """The config an `index` run uses: the file given, else the workspace's own snapshot, else
     defaults; `reading` (the CLI's flags), where given, over its `chunk` settings."""
@@ -42,6 +43,7 @@ def workspace_config(ws: Workspace, config_path: Path | None = None, reading: Re
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.ENOENT,
                 errno.ENOTDIR, errno.EISDIR}
+
 
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
@@ -89,6 +91,7 @@ def index(
             raise WorkspaceError(f"workspace file {ws.cache_path} is still unusable after salvage ({err}); "
                                  "move it aside and run `noderag index` again") from err
 
+
 def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Reporter | None,
                stop_after: str | None, cap=None) -> IndexResult:
     executor = make_executor(config.executor)
@@ -105,6 +108,7 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
     finally:
         executor.close()
         ws.close()
+
 
 def _salvage_damaged_cache(ws: Workspace, problem: str, reporter: Reporter | None) -> None:
     """A damaged cache.sqlite: keep what SQLite can still read, keep the damaged file beside it,

@@ -88,6 +88,7 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
     ws.close()
     return report
 
+
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
          reading: Reading | None = None, max_cost_usd: float | None = None) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and

@@ -58,6 +58,7 @@ COMPILED_FROM_QUESTIONS = 1000
 """Questions in one process from which the search's compiled kernels pay for their ~0.7 s load
 (they save about half a millisecond per question); the CLI opens smaller batches without them."""
 
+
 def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None) -> Config:
     """The config to search a build with: the file given (searching with the build's own embedding
     model when it names none), else the config the build was made with."""
@@ -75,6 +76,7 @@ def build_config(generation: Generation, ws: Workspace, config_path: Path | None
         config = config.model_copy(update={"embedding": own.embedding})
     check_embedding(ws.root, model_id(own.embedding), model_id(config.embedding))
     return config
+
 
 def open_workspace(workspace: str | Path, config: Config | None = None, config_path: Path | None = None,
                    compiled: bool = True) -> Session:
@@ -95,6 +97,7 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
     except BaseException:
         generation.close()
         raise
+
 
 def query(workspace: str | Path, question: str, answer: bool = True, config: Config | None = None) -> Retrieval:
     with open_workspace(workspace, config, compiled=False) as session:
