@@ -1,0 +1,130 @@
+"""What an update of 1% of the documents costs at scale, offline (issue 28's figure at 100,000).
+
+    python -m bench.bench_update_scale [--passages 100000] [--data ../shared/eval]
+                                       [--work bench-out/update-scale] [--out FILE]
+
+The corpus of `bench.corpus` (the dev sets' passages, then renamed copies) at `--passages` is the
+base folder. The final folder changes 1% of it, as issue 28 defines the change: 0.5% of the files
+changed (a sentence appended), 0.25% deleted (a seeded choice) and 0.25% added (the next passages
+of the sequence). Three `noderag index --json` child processes, in turn: the base build, its
+update to the final folder, and a fresh build of the final folder. Reported: wall time, peak
+resident memory of the process tree and seconds per stage of each, the update's share of the fresh
+build, and whether the update's node and edge tables equal the fresh build's, byte for byte.
+Progress on stderr, the Markdown section on stdout. Without the data folder the section says so and
+the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+from bench.bench_scale import STAGES, cli, run_measured
+from bench.corpus import DEFAULT_DATA, available, write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 20240501
+
+
+def log(message: str) -> None:
+    print(f"[bench_update_scale] {message}", file=sys.stderr, flush=True)
+
+
+def folders(data: Path, work: Path, passages: int) -> dict[str, int]:
+    """The base and final folders (see the module docstring); the counts of the change."""
+    extra = max(1, passages // 400)  # 0.25% added, 0.25% deleted, 0.5% changed
+    everything = work / "all"
+    write_corpus(data, everything, passages + extra)
+    names = sorted(p.relative_to(everything).as_posix() for p in everything.rglob("*.txt"))
+    in_base, added = names[:passages], names[passages:]
+    order = in_base[:]
+    random.Random(SEED).shuffle(order)
+    changed, deleted = set(order[: 2 * extra]), set(order[2 * extra : 3 * extra])
+    base, final = work / "base", work / "final"
+    for folder in (base, final):
+        shutil.rmtree(folder, ignore_errors=True)
+    for name in in_base + added:
+        text = (everything / name).read_text(encoding="utf-8")
+        if name in in_base:
+            (base / name).parent.mkdir(parents=True, exist_ok=True)
+            (base / name).write_text(text, encoding="utf-8")
+        if name in deleted:
+            continue
+        if name in changed:
+            text = text.rstrip("\n") + f" A revision note ({name}) records that this passage was checked again.\n"
+        (final / name).parent.mkdir(parents=True, exist_ok=True)
+        (final / name).write_text(text, encoding="utf-8")
+    return {"base": len(in_base), "changed": len(changed), "deleted": len(deleted), "added": len(added)}
+
+
+def build_file(workspace: Path, name: str) -> Path:
+    return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-out" / "update-scale")
+    parser.add_argument("--out", type=Path, help="also write the section to this file")
+    args = parser.parse_args(argv)
+    title = f"## An update of 1% at {args.passages:,} passages (offline)"
+    if not available(args.data):
+        print(f"{title}\n\nskipped: {args.data} holds no MuSiQue and HotpotQA corpora")
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    log("writing the base and final folders")
+    change = folders(args.data, args.work, args.passages)
+    runs = {}
+    for name, workspace, folder in (("base build", "ws-update", "base"), ("update", "ws-update", "final"),
+                                    ("fresh build (final)", "ws-fresh", "final")):
+        if name != "update":
+            shutil.rmtree(args.work / workspace, ignore_errors=True)
+        log(f"{name} ...")
+        wall, peak, code, out = run_measured(cli("index", str(args.work / workspace), "--input", str(args.work / folder),
+                                                 "--json"))
+        if code != 0:
+            print(f"{title}\n\n`noderag index` ({name}) exited {code}")
+            return 1
+        stages = json.loads(out)["stages"]
+        runs[name] = {"wall": wall, "peak": peak, "seconds": {s: stages[s].get("seconds", 0.0) for s in STAGES},
+                      "similarity": stages["similarity"], "decompose": stages["decompose"]}
+        log(f"  {wall:.0f} s, peak {peak:,.0f} MB")
+    equal = all(build_file(args.work / "ws-update", n).read_bytes() == build_file(args.work / "ws-fresh", n).read_bytes()
+                for n in ("nodes.parquet", "edges.parquet"))
+    update, fresh = runs["update"], runs["fresh build (final)"]
+    lines = [title, "",
+             f"Command: `python -m bench.bench_update_scale --passages {args.passages}`. Base: {change['base']:,} "
+             f"passages; the update changes {change['changed']:,}, deletes {change['deleted']:,} and adds "
+             f"{change['added']:,}. Each figure is one `noderag index` child process; peak RSS of its process tree.", "",
+             "| stage | base build | update | fresh build (final) | update / fresh |", "|---|---:|---:|---:|---:|"]
+    for stage in STAGES:
+        u, f = update["seconds"][stage], fresh["seconds"][stage]
+        lines.append(f"| {stage} | {runs['base build']['seconds'][stage]:.1f} | {u:.1f} | {f:.1f} | "
+                     f"{u / f:.0%} |" if f else f"| {stage} | | {u:.1f} | {f:.1f} | |")
+    lines += [f"| **process wall time** | **{runs['base build']['wall']:.0f}** | **{update['wall']:.0f}** | "
+              f"**{fresh['wall']:.0f}** | **{update['wall'] / fresh['wall']:.1%}** |",
+              f"| peak RSS (MB) | {runs['base build']['peak']:,.0f} | {update['peak']:,.0f} | {fresh['peak']:,.0f} | |", "",
+              f"- Update / fresh build: **{update['wall'] / fresh['wall']:.1%} of the wall time** (issue 28's target: "
+              "at most 20%).",
+              f"- The update decomposed {update['decompose'].get('decomposed', '?'):,} chunks "
+              f"({update['decompose'].get('cached', '?'):,} from the last run) and searched "
+              f"{update['similarity'].get('rows_searched', '?'):,} similarity lists (the fresh build "
+              f"{fresh['similarity'].get('rows_searched', '?'):,})"
+              + (": above `similarity.exact_below` every list is recomputed, because new vectors move the clusters' "
+                 "centroids." if update['similarity'].get('rows_searched') == fresh['similarity'].get('rows_searched')
+                 else ": below `similarity.exact_below` only new nodes and those that lost candidates are searched."),
+              f"- Update's nodes.parquet and edges.parquet byte-identical to the fresh build: **{'yes' if equal else 'NO'}**."]
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    print(text)
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
