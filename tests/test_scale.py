@@ -6,6 +6,7 @@ walk that never makes arrays of the graph's size.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -138,16 +139,33 @@ def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_pa
 
 
 def test_one_worker_and_several_give_the_same_tables(tmp_path, built):
-    """`executor.workers: 1` (all in one process) against the default (a worker per core, at least 2
-    here): the same tables, byte for byte."""
+    """`executor.workers: 1` (all in one process) against 2 worker processes: the same tables, byte
+    for byte. The sample corpus alone is one batch of chunks, which runs in the indexing process
+    whatever the workers (`test_work_too_small_for_a_pool_runs_in_this_process`), so the folder here
+    is the sample corpus and copies of it, enough chunks to go to the pool."""
+    from noderag_cli.executor import POOL_BATCHES_PER_WORKER
+    from noderag_cli.index.decompose import BATCH
+
     one = tmp_path / "one.yaml"
     one.write_text("executor: {workers: 1}\n")
     several = tmp_path / "several.yaml"
-    several.write_text("executor: {workers: 3}\n")
-    index(tmp_path / "a", SAMPLE_CORPUS, "--config", one)
-    index(tmp_path / "b", SAMPLE_CORPUS, "--config", several)
+    several.write_text("executor: {workers: 2}\n")
+    index(tmp_path / "sample", SAMPLE_CORPUS, "--config", several)
+    assert_same_tables(tmp_path / "sample", built)
+
+    folder = tmp_path / "copies"
+    shutil.copytree(SAMPLE_CORPUS, folder / "original")
+    texts = [p for p in SAMPLE_CORPUS.rglob("*") if p.suffix in (".txt", ".md")]
+    for copy in range(1, 12):
+        for path in texts:
+            target = folder / f"copy{copy:02d}" / path.relative_to(SAMPLE_CORPUS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text(encoding="utf-8") + f"\nThis is copy {copy} of the record.\n",
+                              encoding="utf-8")
+    index(tmp_path / "a", folder, "--config", one)
+    chunks = json.loads(index(tmp_path / "b", folder, "--config", several).stdout)["stages"]["decompose"]["decomposed"]
+    assert -(-chunks // BATCH) >= 2 * POOL_BATCHES_PER_WORKER  # batches enough for the 2 workers' pool
     assert_same_tables(tmp_path / "a", tmp_path / "b")
-    assert_same_tables(tmp_path / "a", built)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
