@@ -235,3 +235,36 @@ def test_half_precision_rows_widen_exactly_both_ways():
     expected = vectors[rows].astype(np.float32)
     assert np.array_equal(compiled.view(np.uint32), expected.view(np.uint32))
     assert np.array_equal(widen(vectors, rows).view(np.uint32), expected.view(np.uint32))
+
+
+def test_adjacency_sums_match_scipy_bit_for_bit():
+    """`Adjacency.plus` (how the walk's structural and similarity parts are combined) against
+    scipy's a + scale x b: the same entries, the same bits, cancelled entries dropped. Weights come
+    from a few values, and b is a part of a (as the similarity share is of the whole), so that with
+    scale -1 many pairs cancel exactly."""
+    from noderag_cli.search.prepare import Adjacency
+
+    rng = np.random.default_rng(7)
+    n = 300
+
+    def random_symmetric(density: float) -> sp.csr_matrix:
+        upper = sp.random(n, n, density=density, random_state=rng, format="csr",
+                          data_rvs=lambda k: rng.choice([0.5, 1.0, 1.5, 2.0, 3.0], k))
+        matrix = (upper + upper.T).tocsr()
+        matrix.sort_indices()
+        return matrix
+
+    for scale in (1.0, -1.0, 0.37):
+        b = random_symmetric(0.03)
+        a = (random_symmetric(0.05) + b).tocsr()
+        a.sort_indices()
+        expected = (a + b * scale).tocsr()
+        expected.eliminate_zeros()
+        expected.sort_indices()
+        got = Adjacency(a.indptr.astype(np.int64), a.indices.astype(np.int32), a.data).plus(
+            Adjacency(b.indptr.astype(np.int64), b.indices.astype(np.int32), b.data), scale)
+        assert np.array_equal(got.indptr, expected.indptr)
+        assert np.array_equal(got.indices, expected.indices)
+        assert got.data.tobytes() == expected.data.astype(np.float64).tobytes()
+        if scale == -1.0:  # pairs only b held cancelled, and are gone
+            assert len(got.indices) < len(a.indices)
