@@ -51,6 +51,46 @@ def _memberships(workspace: Path) -> set[frozenset[str]]:
     return {frozenset(m) for m in members.values()}
 
 
+def _stage_graph(workspace: Path):
+    """The S/N/R/A graph the communities stage read, and its nodes table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from noderag_cli.graph import Graph
+
+    stages = workspace / "stages"
+    nodes = pa.concat_tables([pq.read_table(stages / f"{s}.nodes.parquet") for s in ("decompose", "attributes")])
+    edges = pa.concat_tables([pq.read_table(stages / f"{s}.edges.parquet") for s in ("decompose", "attributes")])
+    return Graph.from_tables(nodes, edges), nodes
+
+
+def _unit_texts(workspace: Path) -> set[str]:
+    """The text of every S and A node the communities stage read."""
+    graph, nodes = _stage_graph(workspace)
+    texts = nodes["text"].to_pylist()
+    return {texts[i] for i in range(len(texts)) if graph.types[i] in ("S", "A")}
+
+
+def _communities_with_new_texts(workspace: Path, known: set[str], max_tokens: int) -> tuple[int, int, float]:
+    """(communities asked, those that show a text not in `known`, their share of the shown tokens):
+    requests no clustering can avoid, since each holds a text the base build never summarised."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from noderag_cli.index.communities import shown_members
+
+    graph, nodes = _stage_graph(workspace)
+    assigned = pq.read_table(workspace / "stages" / "communities.assignments.parquet").to_pydict()
+    community = dict(zip(assigned["id"], assigned["community"], strict=True))
+    membership = np.array([community[i] for i in graph.ids.tolist()])
+    tokens = nodes["tokens"].to_numpy()
+    texts = nodes["text"].to_pylist()
+    shown = [picked for _, picked in shown_members(graph, membership, tokens, max_tokens)]
+    new = [picked for picked in shown if any(texts[i] not in known for i in picked)]
+    total = sum(int(tokens[p].sum()) for p in shown)
+    return len(shown), len(new), sum(int(tokens[p].sum()) for p in new) / max(total, 1)
+
+
 def _dry_run(workspace: Path, folder: Path, config: Path) -> dict:
     """`noderag index --dry-run --json`'s LLM estimate."""
     import subprocess
@@ -74,6 +114,7 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
                 shutil.rmtree(workspace, ignore_errors=True)
             else:
                 base_members = _memberships(workspace)
+                base_texts = _unit_texts(workspace)
                 planned = _dry_run(workspace, folder, config)
             server.reset()
             print(f"[bench_llm_incremental] {name} build ...", file=sys.stderr, flush=True)
@@ -98,6 +139,10 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
     walls = {k: r.wall for k, r in runs.items()}
     update_members = _memberships(work / "llm-incremental")
     kept = len(set(base_members) & set(update_members))
+    from noderag_cli.config import GraphConfig
+
+    budget = (graph or {}).get("max_community_tokens", GraphConfig().max_community_tokens)
+    asked, with_new, new_share = _communities_with_new_texts(work / "llm-fresh", base_texts, budget)
     estimate = planned["total"]
     actual_calls, actual_tokens = len(seen["update"]), sum(x[2] for x in seen["update"])
     lines = [
@@ -127,6 +172,12 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
         f"**{'yes' if identical else 'NO'}**.",
         f"- Communities that keep their exact membership (their S and A nodes) through the update: {kept} of "
         f"{len(base_members)} (the update has {len(update_members)}).",
+        f"- Communities whose request shows a text the base build never held (a new unit or a rewritten "
+        f"attribute), which the update must ask whatever the clustering: {with_new} of {asked}, "
+        f"{new_share:.1%} of the community texts shown. The update's decompose and attribute requests alone "
+        f"(a chunk that changed, an important entity that is new or gained or lost a text) are "
+        f"{sum(t != 'community_elements' for t, _, _ in seen['update']) / len(seen['fresh']):.1%} of the fresh "
+        f"build's calls.",
         f"- `index --dry-run` before the update estimated {estimate['calls']:,} calls and "
         f"{estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the update made {actual_calls:,} calls "
         f"(estimate {estimate['calls'] / max(actual_calls, 1):.0%} of them) and {actual_tokens:,} tokens "

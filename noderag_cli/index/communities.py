@@ -94,6 +94,25 @@ def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
     return km.index.search(vectors, 1)[1].ravel()
 
 
+def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_tokens: int) -> list[tuple[int, list[int]]]:
+    """(community, the nodes its request shows) for every community with at least two S or A nodes
+    within `max_tokens`: attributes first, then best-connected units, so the community's core fits
+    the budget. `tokens` per node of the graph."""
+    content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
+    degree = graph.degree
+    members: dict[int, list[int]] = defaultdict(list)
+    for i in content.tolist():
+        members[int(membership[i])].append(i)
+    shown = []
+    for community in sorted(members):
+        order = sorted(members[community], key=lambda i: (graph.types[i] != "A", -degree[i], graph.ids[i]))
+        keep = np.cumsum(tokens[order]) <= max_tokens
+        kept = [i for i, k in zip(order, keep, strict=True) if k]
+        if len(kept) >= 2:
+            shown.append((community, kept))
+    return shown
+
+
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, embedder: Embedder, seed: int, resolution: float,
     max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
@@ -107,25 +126,13 @@ def run(
     texts = nodes["text"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
-    tokens = nodes["tokens"].to_numpy().astype(np.int64)[content]
-    degree = graph.degree
-
-    members: dict[int, list[int]] = defaultdict(list)
-    for position, i in enumerate(content.tolist()):
-        members[int(membership[i])].append(position)
+    all_tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, shown, counts = [], [], []
-    for community in sorted(members):
-        # attributes first, then best-connected units: the community's core fits the budget
-        order = sorted(members[community], key=lambda p: (graph.types[content[p]] != "A", -degree[content[p]],
-                                                          graph.ids[content[p]]))
-        keep = np.cumsum(tokens[order]) <= max_tokens
-        kept = [p for p, k in zip(order, keep, strict=True) if k]
-        if len(kept) < 2:
-            continue
-        picked = content[kept].tolist()
+    for community, picked in shown_members(graph, membership, all_tokens, max_tokens):
         items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
         shown.append(picked)
-        counts.append(tokens[kept].tolist())
+        counts.append(all_tokens[picked].tolist())
+
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
         return engine.community_elements([CommunityInput(items[i].community, texts) for i, texts in requests])
 
