@@ -7,13 +7,23 @@ computed), survives a SIGKILL mid-update, and never retrieves a deleted document
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
+from conftest import (
+    SAMPLE_CORPUS,
+    assert_same_tables,
+    build_file,
+    copy_corpus,
+    copy_workspace,
+    index,
+    noderag,
+)
 
 from noderag_cli.graph import document_id, entity_id
 from noderag_cli.index.stages import STAGE_NAMES as STAGES
@@ -247,3 +257,62 @@ def test_kill_during_an_update_and_resume(base, round_one_fresh, tmp_path):
     assert not info["assemble"]["skipped"]
     assert_same_tables(workspace, round_one_fresh[1])
     assert noderag("stats", workspace, "--json").json()["documents"]["by_status"] == {"indexed": 18}
+
+
+def _same_size_edit(path: Path, old: str, new: str) -> None:
+    """Change a file's bytes, not its size, and set its modification time back: only its change
+    time (and content) tells."""
+    assert len(old) == len(new)
+    before = path.stat()
+    edit(path, old, new)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def test_a_file_unchanged_since_the_last_scan_is_not_read_again(tmp_path, monkeypatch):
+    """The scan takes an unchanged file's content hash from the cache (by path, size, times, inode)
+    instead of reading it; an edit that keeps the size and the modification time is still read."""
+    from noderag_cli.cache import Cache
+    from noderag_cli.config import ChunkConfig
+    from noderag_cli.index import scan as scanning
+
+    corpus = copy_corpus(tmp_path / "corpus")
+    monkeypatch.setattr(scanning, "RECENT_NS", 0)  # the files were written just now
+    reads: list[str] = []
+    read_text = scanning._read_text
+    monkeypatch.setattr(scanning, "_read_text", lambda path, limit: (reads.append(path), read_text(path, limit))[1])
+    cache = Cache(tmp_path / "cache.sqlite")
+    first = scanning.scan(corpus, ChunkConfig(), memory=cache)
+    scanning.remember(cache, first)
+    assert len(reads) == len(first) > 10 and all(f.remember_key and f.text for f in first)
+
+    reads.clear()
+    second = scanning.scan(corpus, ChunkConfig(), memory=cache)
+    assert reads == []
+    assert [(f.path, f.content_hash, f.size) for f in second] == [(f.path, f.content_hash, f.size) for f in first]
+    assert all(f.deferred and f.text is None for f in second)
+
+    _same_size_edit(corpus / "tobias_renning.txt", "roughly 80%", "roughly 75%")
+    third = {f.path: f for f in scanning.scan(corpus, ChunkConfig(), memory=cache)}
+    assert reads == [str(corpus / "tobias_renning.txt")]
+    assert third["tobias_renning.txt"].content_hash != {f.path: f for f in first}["tobias_renning.txt"].content_hash
+    assert "75%" in third["tobias_renning.txt"].text
+
+
+def test_updates_in_place_with_unread_files_equal_fresh_builds(tmp_path):
+    """End to end, files left unread by the scan: an in-place edit that keeps size and modification
+    time is found, and a chunk setting change (every document cut again, so the unread files are
+    read after all) gives the tables of a fresh build."""
+    corpus = copy_corpus(tmp_path / "corpus")
+    time.sleep(2.1)  # older than scan.RECENT_NS when first read: the scan remembers them
+    workspace = fresh(corpus, tmp_path / "ws")
+    _same_size_edit(corpus / "tobias_renning.txt", "roughly 80%", "roughly 75%")
+    run = index(workspace, corpus)
+    assert run.json()["documents"]["changed"] == 1
+    assert_same_tables(workspace, fresh(corpus, tmp_path / "fresh"))
+
+    config = tmp_path / "chunks.yaml"
+    config.write_text("chunk: {chunk_tokens: 200, overlap_tokens: 20}\n")
+    index(workspace, corpus, "--config", config)
+    index(tmp_path / "fresh-200", corpus, "--config", config)
+    assert_same_tables(workspace, tmp_path / "fresh-200")

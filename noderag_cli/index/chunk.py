@@ -32,7 +32,7 @@ from ..config import ChunkConfig
 from ..executor import Executor
 from ..files import json_digest
 from ..graph import chunk_id, document_id
-from .scan import ScannedFile
+from .scan import ScannedFile, read_text_file
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -289,14 +289,20 @@ def document_chunks(
     each batch returns, so a killed run keeps them)."""
     previous = previous or {}
     identity = reader_identities(files)
+    files = list(files)
     out: list[DocumentChunks | None] = []
     todo: list[int] = []
     for position, file in enumerate(files):
         key = chunking_key(file, settings.chunk_tokens, settings.overlap_tokens, identity)
-        if file.reason or (file.text is None and not file.extracted):
+        if file.reason or (file.text is None and not file.extracted and not file.deferred):
             out.append(DocumentChunks())
         elif key in previous:
             out.append(previous[key])
+        elif file.deferred:  # unchanged since the scan that read it, but its chunks are not at hand
+            files[position] = read_text_file(file, settings.max_file_bytes)
+            out.append(None if not files[position].reason else DocumentChunks(failure=files[position].reason))
+            if out[-1] is None:
+                todo.append(position)
         else:
             out.append(None)
             todo.append(position)

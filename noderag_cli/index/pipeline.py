@@ -40,6 +40,7 @@ from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, Workspace
 from . import assemble
+from .scan import remember
 from .scan import scan as scan_files
 from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
@@ -188,8 +189,9 @@ def run_pipeline(
     log = ws.logger()
     started = time.perf_counter()
     check_embedding(ws.root, Manifest.load(ws).embedding.get("model"), embedder.model_id)
-    reporter.stage_started("scan", None)  # not a stage: reading and hashing every file, shown as it goes
-    files = scan_files(input_folder, config.chunk, reporter.advance)
+    reporter.stage_started("scan", None)  # not a stage: reading and hashing the files, shown as it goes
+    files = scan_files(input_folder, config.chunk, reporter.advance, ws.cache)
+    remember(ws.cache, files)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     readable = [f for f in files if not f.reason]
     if not readable:

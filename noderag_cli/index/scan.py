@@ -2,6 +2,12 @@
 patterns select, read (text and Markdown) or hashed (a format a reader reads on the workers), with
 a reason for each one skipped: unreadable, empty, binary, not UTF-8, a line too long, too large, a
 symlink out of the folder, a format without a reader. Shown as its own step of `index`.
+
+A file whose size, modification and change times, inode and device are those it had when an
+earlier scan read it is not read again: its content hash comes from the workspace cache (namespace
+"scan"), as make, rsync and restic decide. The change time cannot be set back by a program (a
+restored modification time still moves it), and a file changed less than `RECENT_NS` before it was
+read is not remembered, so an edit within the file system's clock resolution is read next time.
 """
 
 from __future__ import annotations
@@ -10,11 +16,13 @@ import fnmatch
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import readers
+from ..cache import Cache
 from ..config import ChunkConfig
 from ..errors import InputError
 
@@ -28,11 +36,23 @@ class ScannedFile:
     size: int
     reason: str = ""
     reader: str = "text"  # the format, as `readers.READERS` names it
+    unchanged_key: str = ""  # its "scan" cache entry, when its content hash came from an earlier scan
+    remember_key: str = ""  # the entry to write for it, when it was read now (and not changed just before)
 
     @property
     def extracted(self) -> bool:
         """Read by a reader on the workers, not by the scan."""
         return self.reader not in ("text", "markdown")
+
+    @property
+    def scan_key(self) -> str:
+        """Its "scan" cache entry, used or written by this scan ("" if neither)."""
+        return self.unchanged_key or self.remember_key
+
+    @property
+    def deferred(self) -> bool:
+        """A text file the scan did not read (unchanged since an earlier scan): read when needed."""
+        return bool(self.unchanged_key) and not self.extracted
 
 
 class ScannedFiles(list):
@@ -54,6 +74,7 @@ UNSUPPORTED = {
 """Document formats a folder often holds that no reader takes: reported, never passed over in silence."""
 
 SCAN_PROGRESS = 1000  # files read between two progress reports
+RECENT_NS = 2_000_000_000  # a file modified or changed this close to its reading is read again next time
 MAX_LINE_CHARS = 1_000_000
 """A file with a longer line is skipped: that is a data dump or minified file, not prose, and
 chunking and decomposing it as text would take minutes and fill the graph with noise."""
@@ -85,6 +106,23 @@ def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
         if longest > MAX_LINE_CHARS:
             return None, data, f"a line of {longest:,} characters (over {MAX_LINE_CHARS:,}): not prose; add line breaks to index it"
     return text, data, ""
+
+
+def read_text_file(file: ScannedFile, max_bytes: int) -> ScannedFile:
+    """A deferred text file read now: with its text, or a reason (unreadable now, or not the bytes
+    the scan recorded: changed since)."""
+    text, data, reason = _read_text(file.absolute, max_bytes)
+    if not reason and hashlib.blake2b(data, digest_size=16).hexdigest() != file.content_hash:
+        reason = "changed while it was being indexed; run index again"
+    return ScannedFile(file.path, file.absolute, text if not reason else None, file.content_hash, file.size, reason,
+                       file.reader)
+
+
+def _stat_key(absolute: str, info: os.stat_result, reader: str, limit: int) -> str:
+    """The "scan" cache key of a file as it stands: what make, rsync and restic compare."""
+    named = f"{absolute}\x1f{info.st_size}\x1f{info.st_mtime_ns}\x1f{info.st_ctime_ns}\x1f{info.st_ino}\x1f" \
+            f"{info.st_dev}\x1f{reader}\x1f{limit}"
+    return hashlib.blake2b(named.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
 def _hash_file(path: str, max_bytes: int) -> tuple[str, int, str]:
@@ -161,7 +199,8 @@ def _walk(top: str, onerror: Callable[[OSError], None]):
                         else os.path.join(real, d)) for d in reversed(dirs))
 
 
-def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | None = None) -> ScannedFiles:
+def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | None = None,
+         memory: Cache | None = None) -> ScannedFiles:
     """Every file under folder with one of `settings.extensions` that the include and exclude
     patterns keep, recursively, in path order; `progress(n)` every `SCAN_PROGRESS` files read.
     Text files are read here; a file a reader reads (PDF, Word...) is hashed, and read by the
@@ -175,12 +214,18 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
     What cannot be read (a file or a sub-folder: permissions, broken or looping symlinks, binary
     or non-UTF-8 content, a name that is not UTF-8) comes back with a `reason` and no text, to
     be skipped and counted.
+
+    With `memory` (the workspace cache), a file unchanged since an earlier scan read it is not read
+    (module docstring): its text, if needed, is read later (`deferred`, `read_text_file`).
+    `remember` writes the entries of the files read now.
     """
+    started = time.time_ns()
     folder = Path(folder)
     check_input_folder(folder)
     suffixes = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in settings.extensions}
     seen_dirs: set[str] = set()
     found = ScannedFiles()
+    pending: list[tuple] = []  # the files to read, or to find unchanged
     base = os.path.realpath(folder)
     follow_symlinks = settings.follow_symlinks
 
@@ -230,16 +275,40 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
                 continue
             reader = readers.reader_for(relative)
             kind = reader.name if reader is not None else "text"
-            if reader is not None and reader.read is not None:
-                digest, size, reason = _hash_file(absolute, settings.max_document_mb * 1_000_000)
-                found.append(ScannedFile(relative, absolute, None, digest, size, reason, kind))
-            else:
-                text, data, reason = _read_text(absolute, settings.max_file_bytes)
-                digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-                found.append(ScannedFile(relative, absolute, text, digest, len(data), reason, kind))
-            if progress and len(found) % SCAN_PROGRESS == 0:
-                progress(SCAN_PROGRESS)
-    if progress and len(found) % SCAN_PROGRESS:
-        progress(len(found) % SCAN_PROGRESS)
+            hashed = reader is not None and reader.read is not None
+            limit = settings.max_document_mb * 1_000_000 if hashed else settings.max_file_bytes
+            try:
+                info = os.stat(absolute)
+                key = _stat_key(absolute, info, kind, limit) if stat.S_ISREG(info.st_mode) else ""
+            except OSError:
+                info, key = None, ""  # read below, which says why it cannot be
+            pending.append((relative, absolute, kind, hashed, limit, info, key))
+    known = memory.get_many("scan", [p[-1] for p in pending if p[-1]]) if memory is not None and pending else {}
+    reported = 0
+    for count, (relative, absolute, kind, hashed, limit, info, key) in enumerate(pending, 1):
+        if key in known:
+            digest = known[key].decode()
+            found.append(ScannedFile(relative, absolute, None, digest, info.st_size, "", kind, unchanged_key=key))
+        elif hashed:
+            digest, size, reason = _hash_file(absolute, limit)
+            found.append(ScannedFile(relative, absolute, None, digest, size, reason, kind))
+        else:
+            text, data, reason = _read_text(absolute, limit)
+            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            found.append(ScannedFile(relative, absolute, text, digest, len(data), reason, kind))
+        settled = info is not None and max(info.st_mtime_ns, info.st_ctime_ns) < started - RECENT_NS
+        if key and key not in known and not found[-1].reason and settled:
+            found[-1].remember_key = key
+        if progress and count % SCAN_PROGRESS == 0:
+            progress(SCAN_PROGRESS)
+            reported += SCAN_PROGRESS
+    if progress and len(found) > reported:
+        progress(len(found) - reported)
     found.sort(key=lambda f: f.path)
     return found
+
+
+def remember(memory: Cache, files: list[ScannedFile]) -> None:
+    """Write the "scan" entries of the files this scan read, so that the next scan need not. An
+    entry says only what a file held when it looked so, true whatever becomes of the run."""
+    memory.put_many("scan", [(f.remember_key, f.content_hash.encode()) for f in files if f.remember_key])

@@ -100,7 +100,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     config = workspace_config(ws, config_path, reading)
     if max_cost_usd is not None:
         config = config.model_copy(update={"llm": changed(config.llm, max_cost_usd=max_cost_usd)})
-    files = scan(Path(input_folder), config.chunk)
+    files = scan(Path(input_folder), config.chunk, memory=ws.read_only_cache())
     readable = [f for f in files if not f.reason]
     changes = compare_documents(indexed_state(ws), {f.path: f.content_hash for f in readable})
     counts = {k: len(v) for k, v in changes.items()} | {"skipped": len(files) - len(readable)}
