@@ -92,8 +92,8 @@ class Adjacency:
     @classmethod
     def from_codes(cls, n: int, codes: np.ndarray, values: np.ndarray) -> Adjacency:
         """Sum the values of equal codes (in input order, from 0: the bits of scipy's a + b), drop
-        zeros. A stable sort keeps equal codes in input order, and finds the sorted runs of `plus`'s
-        two canonical inputs (three times faster than `np.unique`'s sort and inverse)."""
+        zeros. A stable sort keeps equal codes in input order, and merges the sorted runs of `plus`'s
+        two canonical inputs (cheaper than `np.unique`'s sort and inverse)."""
         order = np.argsort(codes, kind="stable")
         codes = codes[order]
         first = np.empty(len(codes), bool)
