@@ -146,11 +146,13 @@ def merge_edges(tables: list[pa.Table]) -> pa.Table:
         return empty_edges()
     table = pa.concat_tables(parts)
     table = table.combine_chunks()
-    ends = pa.concat_arrays([table["source"].chunk(0), table["target"].chunk(0)])
-    ids = pc.unique(ends)
-    ids = ids.take(pc.array_sort_indices(ids))
-    a = pc.index_in(table["source"], value_set=ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    b = pc.index_in(table["target"], value_set=ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    ends = pc.dictionary_encode(pa.concat_arrays([table["source"].chunk(0), table["target"].chunk(0)]))
+    by_id = pc.array_sort_indices(ends.dictionary).to_numpy()  # one pass of hashing, then the distinct ids sorted
+    rank = np.empty(len(by_id), np.int64)
+    rank[by_id] = np.arange(len(by_id))
+    ids = ends.dictionary.take(pa.array(by_id))
+    coded = rank[ends.indices.to_numpy()]
+    a, b = coded[: table.num_rows], coded[table.num_rows :]
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     code = lo * len(ids) + hi
     similarity = pc.equal(table["kind"], "similarity").to_numpy(zero_copy_only=False).astype(np.int8)
