@@ -300,8 +300,10 @@ def document_chunks(
             out.append(previous[key])
         elif file.deferred:  # unchanged since the scan that read it, but its chunks are not at hand
             files[position] = read_text_file(file, settings.max_file_bytes)
-            out.append(None if not files[position].reason else DocumentChunks(failure=files[position].reason))
-            if out[-1] is None:
+            if files[position].reason:  # changed (or gone) since the scan
+                out.append(DocumentChunks(failure=files[position].reason))
+            else:
+                out.append(None)
                 todo.append(position)
         else:
             out.append(None)

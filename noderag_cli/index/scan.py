@@ -108,11 +108,16 @@ def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
     return text, data, ""
 
 
+def content_hash(data: bytes) -> str:
+    """A text file's content hash (a file a reader reads is hashed as it streams: `_hash_file`)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def read_text_file(file: ScannedFile, max_bytes: int) -> ScannedFile:
     """A deferred text file read now: with its text, or a reason (unreadable now, or not the bytes
     the scan recorded: changed since)."""
     text, data, reason = _read_text(file.absolute, max_bytes)
-    if not reason and hashlib.blake2b(data, digest_size=16).hexdigest() != file.content_hash:
+    if not reason and content_hash(data) != file.content_hash:
         reason = "changed while it was being indexed; run index again"
     return ScannedFile(file.path, file.absolute, text if not reason else None, file.content_hash, file.size, reason,
                        file.reader)
@@ -294,7 +299,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
             found.append(ScannedFile(relative, absolute, None, digest, size, reason, kind))
         else:
             text, data, reason = _read_text(absolute, limit)
-            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            digest = content_hash(data)
             found.append(ScannedFile(relative, absolute, text, digest, len(data), reason, kind))
         settled = info is not None and max(info.st_mtime_ns, info.st_ctime_ns) < started - RECENT_NS
         if key and key not in known and not found[-1].reason and settled:
