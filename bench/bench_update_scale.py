@@ -9,11 +9,10 @@ changed (a sentence appended), 0.25% deleted (a seeded choice) and 0.25% added (
 of the sequence). Three `noderag index --json` child processes, in turn: the base build of a
 working folder holding the base, its update after the change is made in that folder (as a user's
 folder changes, so the scan finds the untouched files by their size and times), and a fresh build
-of the final folder. Reported: wall time, peak
-resident memory of the process tree and seconds per stage of each, the update's share of the fresh
-build, and whether the update's node and edge tables equal the fresh build's, byte for byte.
-Progress on stderr, the Markdown section on stdout. Without the data folder the section says so and
-the exit code is 0.
+of the final folder. Reported: wall time, peak resident memory of the process tree and seconds
+per stage of each, the update's share of the fresh build, and whether the update's node and edge
+tables equal the fresh build's, byte for byte. Progress on stderr, the Markdown section on stdout.
+Without the data folder the section says so and the exit code is 0.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from bench.bench_scale import STAGES, cli, run_measured
 from bench.corpus import DEFAULT_DATA, available, write_corpus
+from noderag_cli.index.scan import RECENT_NS
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 20240501
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     change = folders(args.data, args.work, args.passages)
     shutil.rmtree(args.work / "live", ignore_errors=True)
     shutil.copytree(args.work / "base", args.work / "live")
-    time.sleep(2.1)  # files as old as a user's: scan.RECENT_NS
+    time.sleep(RECENT_NS / 1e9 + 0.1)  # files as old as a user's, so the scan remembers them
     runs = {}
     for name, workspace, folder in (("base build", "ws-update", "live"), ("update", "ws-update", "live"),
                                     ("fresh build (final)", "ws-fresh", "final")):
