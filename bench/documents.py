@@ -180,3 +180,104 @@ def write_zip_bomb(path: Path, expanded_mb: int) -> None:
             block = b"\0" * 1_000_000
             for _ in range(expanded_mb):
                 member.write(block)
+
+
+# hostile files: small on disk, each built to make a reader spend far more than its size ------------
+def write_docx_bomb(path: Path, expanded_mb: int) -> None:
+    """A valid Word file whose document.xml is `expanded_mb` megabytes of tiny paragraphs (its
+    archive declares that size honestly): parsing it takes many times that in memory."""
+    paragraph = b"<w:p><w:r><w:t>ab</w:t></w:r></w:p>"
+    template = Path(path).with_suffix(".template.docx")
+    write_docx(template, "bomb", [("Part", ["text"])])
+    with zipfile.ZipFile(template) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for info in source.infolist():
+            if info.filename != "word/document.xml":
+                archive.writestr(info, source.read(info))
+                continue
+            head, _, tail = source.read(info).partition(b"<w:body>")
+            with archive.open(_deflated(info.filename), "w") as member:
+                member.write(head + b"<w:body>")
+                block = paragraph * (1_000_000 // len(paragraph))
+                for _ in range(expanded_mb):
+                    member.write(block)
+                member.write(b"</w:body>" + tail.partition(b"</w:body>")[2])
+    template.unlink()
+
+
+def write_lying_zip(path: Path, member: str, declared: int, expanded_mb: int) -> None:
+    """An archive (EPUB-like) whose member `member` declares `declared` bytes but inflates to
+    `expanded_mb` megabytes: its headers lie about the size (the CRC would tell, at the end)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(_deflated("mimetype"), "application/epub+zip")
+        with archive.open(_deflated(member), "w") as out:
+            block = b" " * 1_000_000
+            for _ in range(expanded_mb):
+                out.write(block)
+    data = bytearray(Path(path).read_bytes())
+    name = member.encode()
+    for signature, name_length_at, name_at, size_at in ((b"PK\x03\x04", 26, 30, 22), (b"PK\x01\x02", 28, 46, 24)):
+        at = data.find(signature)
+        while at >= 0:
+            length = int.from_bytes(data[at + name_length_at:at + name_length_at + 2], "little")
+            if bytes(data[at + name_at:at + name_at + length]) == name:
+                data[at + size_at:at + size_at + 4] = declared.to_bytes(4, "little")
+            at = data.find(signature, at + 4)
+    Path(path).write_bytes(bytes(data))
+
+
+def _deflated(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def write_pdf_bomb(path: Path, expanded_mb: int) -> None:
+    """A one-page PDF whose content stream is a flate bomb: `expanded_mb` megabytes of spaces."""
+    import zlib
+
+    stream = zlib.compress(b" " * (expanded_mb * 1_000_000), 9)
+    _write_pdf_objects(path, [b"<< /Type /Catalog /Pages 2 0 R >>",
+                              b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                              b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+                              b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream"])
+
+
+def write_pdf_runs(path: Path, runs: int) -> None:
+    """A one-page PDF of `runs` text runs, each its own positioned word: text extraction on such a
+    page grows faster than the runs (PDFium)."""
+    import zlib
+
+    body = b"BT /F1 6 Tf " + b"".join(b"1 0 0 1 %d %d Tm (w%d) Tj " % (10 + i % 90 * 6, 10 + i // 90 % 120 * 6, i % 10)
+                                       for i in range(runs)) + b"ET"
+    stream = zlib.compress(body, 6)
+    _write_pdf_objects(path, [b"<< /Type /Catalog /Pages 2 0 R >>",
+                              b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                              b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+                              b"/Resources << /Font << /F1 5 0 R >> >> >>",
+                              b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+                              b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"])
+
+
+def _write_pdf_objects(path: Path, objects: list[bytes]) -> None:
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    Path(path).write_bytes(bytes(out))
+
+
+def write_xlsx_declaring(path: Path, dimension: str = "A1:XFD1048576") -> None:
+    """A workbook of two cells whose sheet declares the dimension `dimension` (the whole grid)."""
+    write_xlsx(path, "wide", {"Sheet": [["name", "value"]]})
+    with zipfile.ZipFile(path) as source:
+        members = {info.filename: source.read(info) for info in source.infolist()}
+    import re as _re
+
+    sheet = next(name for name in members if name.startswith("xl/worksheets/sheet"))
+    members[sheet] = _re.sub(rb'<dimension ref="[^"]*"/>', b'<dimension ref="%s"/>' % dimension.encode(), members[sheet])
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(_deflated(name), data)

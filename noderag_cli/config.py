@@ -32,7 +32,8 @@ class ChunkConfig(_Section):
     max_document_mb: int = Field(512, ge=1, description="larger PDF, Office, HTML or EPUB files are skipped with a warning")
     extract_seconds: float = Field(120.0, gt=0, description="time one document's reader may take; a document over it "
                                    "fails with the reason, and the next run tries again")
-    extract_memory_mb: int = Field(1024, ge=16, description="memory one document's reader may add")
+    extract_memory_mb: int = Field(1024, ge=16, description="memory one document's reader may add (the kernel holds "
+                                   "its process to it); a document over it fails with the reason")
     extract_expanded_mb: int = Field(512, ge=1, description="what a DOCX, PPTX, XLSX or EPUB archive may expand to "
                                      "(a zip bomb's few kilobytes expand to gigabytes)")
     follow_symlinks: bool = Field(False, description="read files whose symlinks lead out of the input folder "

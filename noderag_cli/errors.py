@@ -39,6 +39,11 @@ class SpendingCapError(NoderagError, RuntimeError):
     raised cap goes on from there (exit 1, like a run with failed items)."""
 
 
+class WorkerLostError(NoderagError, RuntimeError):
+    """A worker process died every time it ran the same work (exit 1): what finished is kept, and the
+    next run goes on from there."""
+
+
 class WorkspaceError(NoderagError, RuntimeError):
     """A workspace that cannot be used as asked (locked, not indexed, damaged, wrong model...): exit 3."""
 

@@ -10,6 +10,12 @@ threads, open files or the workspace lock. Work too small to be worth a pool run
 process: fewer than `POOL_BATCHES_PER_WORKER` batches per worker, since starting a pool (the fork
 server importing the package, each worker loading its models) costs about as much as that much work
 (docs/benchmarks.md, the incremental update).
+
+A worker that dies (killed by the out-of-memory killer, or by hand) breaks the pool, not the run:
+the batches that had not returned run again in a new pool, and if that pool breaks too, one at a
+time, so that the batch that kills its worker is found. That batch is given up (`map`'s `lost`
+says what stands for its results; without it the run stops with `WorkerLostError`, one line) and
+the others go on.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import select
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from . import ivf
 from .config import ExecutorConfig
+from .errors import WorkerLostError
 
 PRELOAD = ["noderag_cli.index.chunk", "noderag_cli.index.decompose", "noderag_cli.engines.offline",
            "noderag_cli.embeddings"]
@@ -88,9 +96,11 @@ class Executor:
         return self._pool
 
     def map(self, function: Callable[[Any], Any], batches: Sequence[Any],
-            done: Callable[[Any, Any], None] | None = None) -> list:
+            done: Callable[[Any, Any], None] | None = None, lost: Callable[[Any, str], Any] | None = None) -> list:
         """function(batch) for every batch, results in the batches' order; `done(batch, result)` is
-        called in this process as each result arrives, in that order too."""
+        called in this process as each result arrives, in that order too. A batch whose worker died
+        every time it ran (module docstring) gets `lost(batch, why)` as its result, or, without
+        `lost`, stops the run (`WorkerLostError`)."""
         if self.workers <= 1 or len(batches) < POOL_BATCHES_PER_WORKER * self.workers:
             results = []
             for batch in batches:
@@ -98,11 +108,43 @@ class Executor:
                 if done:
                     done(batch, results[-1])
             return results
-        results = []
-        for batch, result in zip(batches, self._get_pool().map(function, batches), strict=True):
-            results.append(result)
-            if done:
-                done(batch, result)
+        results: list = [None] * len(batches)
+        finished = [False] * len(batches)
+        emitted = 0
+
+        def settle(position: int, result: Any) -> None:
+            nonlocal emitted
+            results[position], finished[position] = result, True
+            while emitted < len(batches) and finished[emitted]:
+                if done:
+                    done(batches[emitted], results[emitted])
+                emitted += 1
+
+        pending = list(range(len(batches)))
+        for _ in range(2):  # all together, then once more in a new pool after a worker died
+            futures = [(position, self._get_pool().submit(function, batches[position])) for position in pending]
+            pending = []
+            for position, future in futures:
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    pending.append(position)
+                    continue
+                settle(position, result)
+            if not pending:
+                return results
+            self.close()
+        for position in pending:  # one at a time: the batch whose worker dies is the one that kills it
+            try:
+                result = self._get_pool().submit(function, batches[position]).result()
+            except BrokenProcessPool:
+                self.close()
+                why = "its worker process was killed three times while running it (out of memory?)"
+                if lost is None:
+                    raise WorkerLostError("a worker process was killed three times on the same work (out of "
+                                          "memory?); run the command again to go on from what finished") from None
+                result = lost(batches[position], why)
+            settle(position, result)
         return results
 
     def release(self) -> None:

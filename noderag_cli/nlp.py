@@ -104,8 +104,51 @@ def count_tokens(texts: Sequence[str]) -> list[int]:
     return [len(ids) for ids in token_ids(texts)]
 
 
+WORD_CUT_MARGIN = 2
+"""Tokens left free in a piece that starts inside a word: counted alone, its first characters can
+take a token or two more than they did inside the word."""
+
+
 def token_split(text: str, max_tokens: int) -> list[str]:
-    """Cut a text that has no usable boundaries into pieces of at most max_tokens, at token offsets."""
+    """Cut a text that has no usable boundaries into pieces of at most max_tokens: at spaces, and
+    inside a word only where one word alone is longer. In time linear in the text (the tokenizer
+    itself, given a text of megabytes as one sequence, grows faster than that)."""
+    if not token_ids._check():
+        return _token_split_encoded(text, max_tokens)
+    words, model = token_ids.words, token_ids._model
+    pieces: list[str] = []
+    lo, used, position = 0, 0, -1  # position: where the current word starts in `text` (-1: the prefix)
+
+    def cut(hi: int) -> None:
+        piece = text[lo:hi].strip()
+        if piece:
+            pieces.append(piece)
+
+    for word in token_ids.WORDS.findall("\u2581" + text.replace(" ", "\u2581")):
+        known = words.get(word)
+        if known is None:
+            known = words[word] = [token.id for token in model.tokenize(word)]
+        start = max(position, 0)
+        if used and used + len(known) > max_tokens:
+            cut(start)
+            lo, used = start, 0
+        if len(known) > max_tokens:  # one word longer than a piece: cut it at its tokens' offsets
+            step = max(1, max_tokens - WORD_CUT_MARGIN)
+            offsets = [token.offsets[0] for token in model.tokenize(word)]
+            for first in range(step, len(offsets), step):
+                at = max(position + offsets[first], lo)
+                cut(at)
+                lo = at
+            used = (len(known) - 1) % step + 1 + WORD_CUT_MARGIN
+        else:
+            used += len(known)
+        position += len(word)
+    cut(len(text))
+    return pieces or [text]
+
+
+def _token_split_encoded(text: str, max_tokens: int) -> list[str]:
+    """`token_split` for a tokenizer configured otherwise than `_WordTokens` expects: at its token offsets."""
     encoding = _tokenizer().encode(text, add_special_tokens=False)
     offsets = encoding.offsets
     if len(offsets) <= max_tokens:

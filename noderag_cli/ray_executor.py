@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import ExecutorConfig, LLMConfig
-from .errors import ConfigError
+from .errors import ConfigError, WorkerLostError
 
 MAX_RETRIES = 3  # runs of a task whose worker died, before the run fails
 
@@ -59,16 +59,25 @@ class RayExecutor:
         return int(_ray().cluster_resources().get("CPU", 1))
 
     def map(self, function: Callable[[Any], Any], batches: Sequence[Any],
-            done: Callable[[Any, Any], None] | None = None) -> list:
+            done: Callable[[Any, Any], None] | None = None, lost: Callable[[Any, str], Any] | None = None) -> list:
         """function(batch) for every batch as a Ray task, results in the batches' order; `done(batch,
-        result)` is called here as each result is taken, in that order too."""
+        result)` is called here as each result is taken, in that order too. A task whose worker died
+        on every one of its tries (Ray retries it) gets `lost(batch, why)` as its result, or, without
+        `lost`, stops the run (`WorkerLostError`), as `Executor.map`."""
         ray = _ray()
         if self._task is None:
             self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_task)
         pending = [self._task.remote(function, batch) for batch in batches]
         results = []
         for batch, reference in zip(batches, pending, strict=True):
-            results.append(ray.get(reference))
+            try:
+                results.append(ray.get(reference))
+            except (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError):
+                why = f"its Ray worker died on each of {MAX_RETRIES + 1} tries (out of memory?)"
+                if lost is None:
+                    raise WorkerLostError(f"a Ray worker died on each of {MAX_RETRIES + 1} tries of the same work "
+                                          "(out of memory?); run the command again to go on from what finished") from None
+                results.append(lost(batch, why))
             if done:
                 done(batch, results[-1])
         return results

@@ -25,6 +25,8 @@ def _stage_details(info: dict) -> str:
     failures = info.get("failures", llm.get("failures", 0))
     if failures:
         parts.append(f"{failures:,} failed")
+    if info.get("final_failures"):
+        parts.append(f"{info['final_failures']:,} without result")
     if llm.get("ungrounded"):
         parts.append(f"{llm['ungrounded']:,} ungrounded dropped")
     if llm.get("input_tokens") or llm.get("output_tokens"):
@@ -82,11 +84,14 @@ def stats(
                 chunks = f"{row['chunks_done']}/{row['chunks']} decomposed" if row["chunks"] else "-"
             listing.add_row(row["path"], row["status"], chunks, row["reason"])
         out.print(listing)
-        if report["failed_items"]:
-            items = results_table("other failed items (retried by the next `noderag index`)", ["stage", "item", "reason"])
-            for row in report["failed_items"]:
-                items.add_row(row["stage"], row["item"], row["reason"])
-            out.print(items)
+        for final, title in ((False, "other failed items (retried by the next `noderag index`)"),
+                             (True, "items with no result (the engine gives the same on every run: never retried)")):
+            rows = [row for row in report["failed_items"] if row["final"] == final]
+            if rows:
+                items = results_table(title, ["stage", "item", "reason"])
+                for row in rows:
+                    items.add_row(row["stage"], row["item"], row["reason"])
+                out.print(items)
     files = results_table("files", ["file", "bytes"], ("bytes",))
     for name, size in report["files"].items():
         files.add_row(name, f"{size:,}")

@@ -106,6 +106,10 @@ class Engine:
     processes; None: every chunk goes through `decompose`, in the indexing process."""
     price_known: bool | None = None
     """False once a request's tokens had no price (its cost is then unknown, never $0)."""
+    failures_are_final: bool = False
+    """Whether an item it fails on fails the same way on every run (a deterministic engine): such a
+    failure is reported by the run that meets it and kept in the failures tables, but no run retries
+    it or exits 1 for it again."""
 
     def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
         raise NotImplementedError

@@ -183,6 +183,7 @@ class OfflineEngine(Engine):
     identity = identity(LLMConfig(engine="offline"))
     name = identity["name"]
     pure_decompose = staticmethod(decompose_chunk)  # what indexing may run on worker processes
+    failures_are_final = True  # its rules give the same result for the same input on every run
 
     def __init__(self, embedder: Embedder, cache: Cache | None = None):
         self.embedder = embedder

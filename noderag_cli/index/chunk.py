@@ -18,7 +18,7 @@ and re-reads a changed PDF or Word file only: extractions are cached by content 
 
 from __future__ import annotations
 
-import hashlib
+import bisect
 import json
 import os
 import re
@@ -32,6 +32,7 @@ from ..config import ChunkConfig
 from ..executor import Executor
 from ..files import json_digest
 from ..graph import chunk_id, document_id
+from ..readers import contained
 from .scan import ScannedFile, read_text_file
 
 DOCUMENT_SCHEMA = pa.schema(
@@ -178,21 +179,39 @@ def _pack(pieces: list[tuple[str, int, int, int]], max_tokens: int, overlap_toke
     return chunks
 
 
-def location(text: str, parts: list[tuple[int, str, int | str]], start: int, end: int,
-             layout: list[tuple[int, int]]) -> str:
-    """Where the chunk spanning [start, end) of a document's text lies, as JSON: per kind (the
-    reader's pages, slides or sheets; the Markdown headings as sections) the values in effect over
-    it, each as [where it starts in the chunk's text, value]; the first at 0, the one in effect
-    where the chunk starts. A search narrows a unit's place with them (`place_of`)."""
-    found: dict[str, list] = {}
+MARK_KINDS = ("pages", "slides", "sheets", "sections")
+Marks = dict[str, tuple[list[int], list, list[int]]]  # per kind: starts (sorted), values, where each ends
+
+
+def document_marks(text: str, parts: list[tuple[int, str, int | str]]) -> Marks:
+    """The reader's pages, slides or sheets and the Markdown headings (sections) of a document,
+    each kind sorted by offset with where each ends: found once per document, so that placing its
+    chunks (`location`) costs a binary search each, not a pass over the whole text."""
     bounds = [(offset, kind, value) for offset, kind, value in parts] + \
         [(offset, "sections", heading) for offset, heading in readers.sections(text)]
-    for kind in ("pages", "slides", "sheets", "sections"):
-        marks = sorted((offset, value) for offset, k, value in bounds if k == kind)
-        for number, (offset, value) in enumerate(marks):
-            following = marks[number + 1][0] if number + 1 < len(marks) else len(text) + 1
-            if offset < end and following > start:
-                found.setdefault(kind, []).append([_in_chunk(max(offset, start), layout), value])
+    marks: Marks = {}
+    for kind in MARK_KINDS:
+        found = sorted((offset, value) for offset, k, value in bounds if k == kind)
+        if found:
+            starts = [offset for offset, _ in found]
+            marks[kind] = (starts, [value for _, value in found], starts[1:] + [len(text) + 1])
+    return marks
+
+
+def location(marks: Marks, start: int, end: int, layout: list[tuple[int, int]]) -> str:
+    """Where the chunk spanning [start, end) of a document's text lies, as JSON: per kind (the
+    reader's pages, slides or sheets; the Markdown headings as sections; `document_marks`) the
+    values in effect over it, each as [where it starts in the chunk's text, value]; the first at 0,
+    the one in effect where the chunk starts. A search narrows a unit's place with them (`place_of`)."""
+    found: dict[str, list] = {}
+    for kind in MARK_KINDS:
+        if kind not in marks:
+            continue
+        starts, values, ends = marks[kind]
+        first = bisect.bisect_right(ends, start)  # the first mark still in effect at `start`
+        last = bisect.bisect_left(starts, end)  # marks from here on start at or after the chunk's end
+        for number in range(first, last):
+            found.setdefault(kind, []).append([_in_chunk(max(starts[number], start), layout), values[number]])
     return json.dumps(found, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -217,7 +236,7 @@ def place_of(marks: dict[str, list], first: int, last: int) -> dict[str, list]:
     return found
 
 
-CHUNKER_VERSION = 4  # 4: chunks keep their span and location
+CHUNKER_VERSION = 5  # of how a document's text is cut into chunks
 Chunk = tuple[str, int, str, int, int, str]  # text, tokens, chunk id, start, end, location (JSON)
 
 
@@ -230,6 +249,7 @@ class DocumentChunks:
     chunks: list[Chunk] = field(default_factory=list)
     failure: str = ""
     fresh: tuple[str, str, list] | None = None
+    skipped: str = ""  # why its reader found no document in it (binary data, one endless line)
 
 
 def chunking_key(file: ScannedFile, max_tokens: int, overlap_tokens: int, reader_identity: dict) -> str:
@@ -321,7 +341,10 @@ def document_chunks(
         if cache is not None and fresh:
             cache.put_many("extract", fresh)
 
-    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs, keep), strict=True):
+    def lost(job, why: str) -> list[DocumentChunks]:
+        return [DocumentChunks(failure=why) for _ in job[0]]
+
+    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs, keep, lost), strict=True):
         for position, entry in zip(batch, entries, strict=True):
             out[position] = entry
     return out
@@ -362,7 +385,8 @@ def chunk_batch(job: tuple) -> list[DocumentChunks]:
             results.append(entry)
             continue
         text, title, parts = entry
-        chunks = [(piece, tokens, chunk_id(piece), start, end, location(text, parts, start, end, layout))
+        marks = document_marks(text, parts)
+        chunks = [(piece, tokens, chunk_id(piece), start, end, location(marks, start, end, layout))
                   for piece, tokens, start, end, layout in next(cut)]
         fresh = entry if text_given is None and stored is None else None
         results.append(DocumentChunks(title, chunks, fresh=fresh))
@@ -370,18 +394,12 @@ def chunk_batch(job: tuple) -> list[DocumentChunks]:
 
 
 def _extract(absolute: str, content_hash: str, limits: readers.Limits) -> tuple[str, str, list] | DocumentChunks:
-    """A document read by its reader: (Markdown, title, parts), or DocumentChunks with the failure."""
-    digest = hashlib.blake2b(digest_size=16)
+    """A document read by its reader, in a process held to `limits` (`readers.contained`): (Markdown,
+    title, parts), or DocumentChunks with the failure."""
     try:
-        with open(absolute, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-    except OSError as err:
-        return DocumentChunks(failure=f"unreadable: {err.strerror or err}")
-    if digest.hexdigest() != content_hash:
-        return DocumentChunks(failure="changed while it was being indexed; run index again")
-    try:
-        extracted = readers.extract(absolute, limits)
+        extracted = contained.extract(absolute, limits, content_hash)
+    except readers.NotADocument as err:
+        return DocumentChunks(skipped=str(err))
     except readers.Unreadable as err:
         return DocumentChunks(failure=str(err))
     title = extracted.title or document_title(extracted.text, True)
@@ -407,7 +425,7 @@ def run(files: list[ScannedFile], settings: ChunkConfig, previous: dict[str, Doc
         elif pieces:
             status, reason = "indexed", ""
         else:
-            status, reason = "skipped", file.reason or "no text after cleaning"
+            status, reason = "skipped", file.reason or entry.skipped or "no text after cleaning"
         for name, value in zip(DOCUMENT_SCHEMA.names,
                                [doc, file.path, entry.title, file.content_hash, file.size, status, reason, len(pieces)],
                                strict=True):

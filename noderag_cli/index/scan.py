@@ -75,9 +75,7 @@ UNSUPPORTED = {
 
 SCAN_PROGRESS = 1000  # files read between two progress reports
 RECENT_NS = 2_000_000_000  # a file modified or changed this close to its reading is read again next time
-MAX_LINE_CHARS = 1_000_000
-"""A file with a longer line is skipped: that is a data dump or minified file, not prose, and
-chunking and decomposing it as text would take minutes and fill the graph with noise."""
+MAX_LINE_CHARS = readers.MAX_LINE_CHARS  # a text file with a longer line is skipped: not prose
 
 
 def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:

@@ -114,9 +114,18 @@ class StageRun:
         self.write(NODES, nodes)
         self.write(EDGES, edges)
 
-    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> None:
+    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> dict[str, int]:
+        """The stage's graph and failures written; the failure counts for its details: `failures`,
+        those the next run retries, and `final_failures`, those no run would change (an engine whose
+        `failures_are_final`), each said once, by the run that met it."""
+        final = self.engine.failures_are_final
         self.write_graph(nodes, edges)
-        self.write("failures.parquet", _failures_table(self.stage.name, failures))
+        self.write("failures.parquet", _failures_table(self.stage.name, failures, final))
+        if final and failures:
+            item, reason = min(failures.items())
+            self.reporter.warn(f"{self.stage.name}: {len(failures)} item(s) have no result with the {self.engine.name} "
+                               f"engine (e.g. {item}: {reason}); every run would give the same, so none retries them")
+        return {"failures": 0 if final else len(failures), "final_failures": len(failures) if final else 0}
 
 
 @dataclass(frozen=True)
@@ -140,10 +149,12 @@ class Stage:
         return EDGES in self.outputs
 
 
-def _failures_table(stage: str, failures: dict[str, str]) -> pa.Table:
+def _failures_table(stage: str, failures: dict[str, str], final: bool) -> pa.Table:
+    """A stage's failed items; `final`: no run would change them (`StageRun.commit_graph`)."""
     items = sorted(failures)
     return pa.table({"item": pa.array(items, pa.string()), "stage": pa.array([stage] * len(items), pa.string()),
-                     "reason": pa.array([failures[i] for i in items], pa.string())})
+                     "reason": pa.array([failures[i] for i in items], pa.string()),
+                     "final": pa.array([final] * len(items), pa.bool_())})
 
 
 # the stages' functions, in pipeline order -------------------------------------------------
@@ -178,12 +189,12 @@ def _decompose(run: StageRun) -> dict:
     nodes, edges = decompose.build_graph(occurrences, links)
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
     run.embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
-    run.commit_graph(nodes, edges, failures)
+    failed = run.commit_graph(nodes, edges, failures)
     for path, table in zip(rows_paths, (occurrences, links), strict=True):
         write_parquet(path, decompose.with_version(table))
     if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
         run.ws.cache.compact()
-    return {"nodes": nodes.num_rows, "edges": edges.num_rows, "failures": len(failures), **work}
+    return {"nodes": nodes.num_rows, "edges": edges.num_rows, **failed, **work}
 
 
 def _attributes(run: StageRun) -> dict:
@@ -195,8 +206,8 @@ def _attributes(run: StageRun) -> dict:
         run.reporter.advance,
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
-    run.commit_graph(new_nodes, new_edges, failures)
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "failures": len(failures)}
+    failed = run.commit_graph(new_nodes, new_edges, failures)
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed}
 
 
 def _communities(run: StageRun) -> dict:
@@ -207,11 +218,10 @@ def _communities(run: StageRun) -> dict:
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
         g.summary_leaf_tokens, run.reporter.advance,
     )
-    run.commit_graph(new_nodes, new_edges, failures)
+    failed = run.commit_graph(new_nodes, new_edges, failures)
     run.write("assignments.parquet", assignments.sort_by("id"))
     n_communities = len(set(assignments["community"].to_pylist()) - {-1})
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities,
-            "failures": len(failures)}
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed}
 
 
 def _text(run: StageRun) -> dict:

@@ -162,8 +162,8 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
     failed_chunks: dict[str, str] = {}
     failures_path = ws.stage_path("decompose", "failures.parquet")
     if failures_path.is_file():
-        failures = ws.read_table(failures_path)
-        failed_chunks = dict(zip(failures["item"].to_pylist(), failures["reason"].to_pylist(), strict=True))
+        failures = [row for row in _failure_rows(ws, failures_path) if not row["final"]]
+        failed_chunks = {row["item"]: row["reason"] for row in failures}
     chunks_of: dict[str, list[tuple[str, str, str]]] = {}
     chunks_path = ws.stage_path("chunk", "chunks.parquet")
     if chunks_path.is_file():
@@ -194,14 +194,23 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
     return sorted(documents, key=lambda r: r["path"])
 
 
+def _failure_rows(ws: Workspace, path) -> list[dict]:
+    """A failures table's rows (stage, item, reason, final); a table from before `final` existed
+    holds retryable failures only."""
+    table = ws.read_table(path)
+    rows = table.select([c for c in ("stage", "item", "reason", "final") if c in table.column_names]).to_pylist()
+    return [{"final": False, **row} for row in rows]
+
+
 def failed_items(ws: Workspace) -> list[dict]:
-    """Items of the stages after decomposition that failed (an entity's attribute, a community's
-    elements), with the reason: they belong to no one document, so the document list cannot show them."""
+    """Items that failed, with the reason and whether a rerun retries them (`final`: never): those of
+    the stages after decomposition (an entity's attribute, a community's elements), which belong to
+    no one document, so the document list cannot show them, and decomposition's final ones."""
     rows = []
     for stage in STAGES:
         path = ws.stage_path(stage.name, "failures.parquet")
-        if stage.name != "decompose" and "failures.parquet" in stage.outputs and path.is_file():
-            rows += ws.read_table(path, ["stage", "item", "reason"]).to_pylist()
+        if "failures.parquet" in stage.outputs and path.is_file():
+            rows += [row for row in _failure_rows(ws, path) if stage.name != "decompose" or row["final"]]
     return rows
 
 

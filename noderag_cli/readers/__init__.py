@@ -21,25 +21,49 @@ One module per family, each a `Reader` in `READERS` by suffix:
 
 A file a reader cannot use raises `Unreadable` with the reason a user reads ("encrypted PDF
 (password-protected)", "no text layer; OCR is not supported", "expands to 2,000 MB"). `Limits`
-holds what one extraction may spend (time, memory, the size an archive may expand to); readers
-check it between pages, slides, sheets and files (`Limits.check`).
+holds what one extraction may spend (time, memory, the size an archive may expand to). The
+indexing run reads each document in a process of its own that the kernel holds to them
+(`contained.py`): no library's quadratic or greedy path inside one parse can pass them. Readers
+also check the time between pages, slides, sheets and files (`Limits.check`), to stop with the
+reason before the kernel must.
+
+A reader gets the document as an open file, never its path: `extract` opens the path once, without
+blocking and only as a regular file (a FIFO or a device put in a document's place since the scan is
+refused, never read), and checks that its bytes are still those the scan hashed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
 import re
+import stat
 import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import PurePosixPath
+from typing import BinaryIO
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
+MAX_LINE_CHARS = 1_000_000
+"""A document with a longer line is not read: that is a data dump or minified file, not prose, and
+chunking and decomposing it as text would take minutes and fill the graph with noise (the scan
+applies it to text files, `extract` to what a reader gives)."""
+MAX_CONTROL_SHARE = 0.05
+"""Of a reader's text, the share of control characters (and U+FFFD, the mark of undecodable bytes)
+from which it is binary data, not a document: what the scan skips as binary among text files."""
 
 
 class Unreadable(Exception):
     """A document this reader cannot turn into text; the message is the reason shown to the user."""
+
+
+class NotADocument(Unreadable):
+    """A file that holds no document to read (binary data, a dump of one endless line): skipped, as
+    the scan skips such text files, not failed (no later run would read it otherwise)."""
 
 
 @dataclass
@@ -55,27 +79,30 @@ class Extracted:
 
 @dataclass
 class Limits:
-    """What one extraction may spend: `seconds` of work, `memory_mb` more resident memory than when it
-    started (checked between pages or elements: a reader's own step is not cut short), and for
-    archives (DOCX, PPTX, XLSX, EPUB) `expanded_mb` of uncompressed members."""
+    """What one extraction may spend: `seconds` of work, `memory_mb` of memory beyond what its
+    process held when it started (the kernel's address-space limit on the reader's process,
+    `contained.py`), and for archives (DOCX, PPTX, XLSX, EPUB) `expanded_mb` of uncompressed members."""
 
     seconds: float = 120.0
     memory_mb: int = 1024
     expanded_mb: int = 512
     started: float = field(default_factory=time.monotonic)
-    baseline_mb: float = field(default_factory=lambda: _resident_mb())
 
     def check(self) -> None:
         if time.monotonic() - self.started > self.seconds:
-            raise Unreadable(f"extraction took over {self.seconds:g} s (chunk.extract_seconds)")
-        grown = _resident_mb() - self.baseline_mb
-        if grown > self.memory_mb:
-            raise Unreadable(f"extraction needed over {self.memory_mb:,} MB of memory (chunk.extract_memory_mb)")
+            raise Unreadable(self.over_time())
 
-    def check_archive(self, path: str, kind: str) -> zipfile.ZipFile:
-        """The archive opened, once its members are known to expand within `expanded_mb`."""
+    def over_time(self) -> str:
+        return f"extraction took over {self.seconds:g} s (chunk.extract_seconds)"
+
+    def over_memory(self) -> str:
+        return f"extraction needed over {self.memory_mb:,} MB of memory (chunk.extract_memory_mb)"
+
+    def check_archive(self, handle: BinaryIO, kind: str) -> zipfile.ZipFile:
+        """The archive opened, once its members are known to expand within `expanded_mb`. Its
+        members are read through `bounded_member`, which holds them to what they declare."""
         try:
-            archive = zipfile.ZipFile(path)
+            archive = zipfile.ZipFile(handle)
             total = sum(member.file_size for member in archive.infolist())
         except (zipfile.BadZipFile, OSError, ValueError) as err:
             raise Unreadable(f"damaged or not a {kind} file ({_first_line(err)})") from None
@@ -86,12 +113,18 @@ class Limits:
         return archive
 
 
-def _resident_mb() -> float:
-    try:
-        with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * 4096 / 1e6
-    except (OSError, ValueError, IndexError):
-        return 0.0
+def bounded_member(archive: zipfile.ZipFile, name: str) -> bytes:
+    """A member's bytes, inflated in steps: a member that inflates past the size it declares is
+    stopped there (zipfile alone inflates up to 2 GB in one step before its CRC check fails)."""
+    info = archive.getinfo(name)
+    parts, total = [], 0
+    with archive.open(info) as member:
+        while block := member.read(1 << 20):
+            total += len(block)
+            if total > info.file_size:
+                raise Unreadable(f"damaged archive: member {name} inflates past the {info.file_size:,} bytes it declares")
+            parts.append(block)
+    return b"".join(parts)
 
 
 def _first_line(err: BaseException) -> str:
@@ -102,17 +135,17 @@ def _first_line(err: BaseException) -> str:
 @dataclass(frozen=True)
 class Reader:
     name: str  # the format, as `index --dry-run` counts files
-    read: Callable[[str, Limits], Extracted] | None  # None: text, read by the scan itself
+    read: Callable[[BinaryIO, Limits], Extracted] | None  # None: text, read by the scan itself
     libraries: tuple[str, ...] = ()  # distributions whose versions can change the text it gives
 
 
-def _lazy(module: str, function: str) -> Callable[[str, Limits], Extracted]:
+def _lazy(module: str, function: str) -> Callable[[BinaryIO, Limits], Extracted]:
     """A reader function imported on first use: a run without PDFs never imports PDFium."""
 
-    def read(path: str, limits: Limits) -> Extracted:
+    def read(handle: BinaryIO, limits: Limits) -> Extracted:
         from importlib import import_module
 
-        return getattr(import_module(f"{__name__}.{module}"), function)(path, limits)
+        return getattr(import_module(f"{__name__}.{module}"), function)(handle, limits)
 
     return read
 
@@ -130,7 +163,7 @@ READERS: dict[str, Reader] = {
     ".xhtml": Reader("html", _lazy("web", "read_html"), _WEB),
     ".epub": Reader("epub", _lazy("web", "read_epub"), _WEB),
 }
-VERSION = 1  # of the readers' own rules (how headings, lists, tables and boilerplate are written)
+VERSION = 2  # of the readers' own rules (how headings, lists, tables and boilerplate are written)
 
 
 def reader_for(path: str) -> Reader | None:
@@ -153,27 +186,68 @@ def library_version(distribution: str) -> str:
         return "missing"
 
 
-def extract(path: str, limits: Limits) -> Extracted:
-    """The document at `path` read by the reader of its suffix; Unreadable says why not."""
+def open_document(path: str, content_hash: str | None = None) -> BinaryIO:
+    """The document at `path` opened for its reader: only a regular file (opened without blocking, so
+    a FIFO put in its place is refused, not waited on), held in memory, and when `content_hash` is
+    given, with the bytes the scan hashed. Unreadable says why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise Unreadable(f"unreadable: {err.strerror or err}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Unreadable("no longer a regular file (replaced since the scan); run index again")
+        try:
+            data = handle.read()
+        except OSError as err:
+            raise Unreadable(f"unreadable: {err.strerror or err}") from None
+    if content_hash is not None and hashlib.blake2b(data, digest_size=16).hexdigest() != content_hash:
+        raise Unreadable("changed while it was being indexed; run index again")
+    return io.BytesIO(data)
+
+
+def extract(path: str, limits: Limits, content_hash: str | None = None) -> Extracted:
+    """The document at `path` read by the reader of its suffix (`open_document` opens it); Unreadable
+    says why not. In this process: an indexing run calls `contained.extract`, which calls this in a
+    process the kernel holds to `limits`."""
     reader = reader_for(path)
     if reader is None or reader.read is None:
         raise Unreadable("not a format with a reader")
+    handle = open_document(path, content_hash)
     try:
-        extracted = reader.read(path, limits)
+        extracted = reader.read(handle, limits)
     except Unreadable:
         raise
     except ImportError as err:
         raise Unreadable(f"the {reader.name} reader's library is missing ({err.name}): reinstall noderag-cli") from None
     except MemoryError:
-        raise Unreadable(f"extraction ran out of memory (chunk.extract_memory_mb {limits.memory_mb:,})") from None
+        raise Unreadable(limits.over_memory()) from None
     except Exception as err:  # a library's own error on a file it cannot parse: the file is damaged
         raise Unreadable(f"damaged or unsupported {reader.name} file ({type(err).__name__}: {_first_line(err)})") from None
     lead = len(extracted.text) - len(extracted.text.lstrip())
     text = extracted.text.strip()
     if not text:
         raise Unreadable("no text in it")
+    check_text(text)
     parts = [(max(offset - lead, 0), kind, value) for offset, kind, value in extracted.parts]
     return Extracted(text, extracted.title, parts)
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufffd]")
+
+
+def check_text(text: str) -> None:
+    """Unreadable for what a reader gave that is no document: a line over `MAX_LINE_CHARS` (a dump,
+    not prose), or binary data decoded as text (`MAX_CONTROL_SHARE`)."""
+    longest = max(map(len, text.split("\n"))) if len(text) > MAX_LINE_CHARS else 0
+    if longest > MAX_LINE_CHARS:
+        raise NotADocument(f"a line of {longest:,} characters (over {MAX_LINE_CHARS:,}): not prose; add line breaks "
+                           "to index it")
+    sample = text[:1_000_000]
+    share = len(_CONTROL.findall(sample)) / max(len(sample) - sample.count(" "), 1)
+    if share > MAX_CONTROL_SHARE:
+        raise NotADocument(f"binary content ({share:.0%} of its characters are control or undecodable ones): not a "
+                           "document")
 
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)

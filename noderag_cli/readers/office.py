@@ -11,18 +11,24 @@ Each archive's expanded size is checked before a library opens it (`Limits.check
 
 from __future__ import annotations
 
-from . import Extracted, Limits, markdown_table
+from typing import BinaryIO
+
+from . import Extracted, Limits, Unreadable, markdown_table
 
 MAX_SHEET_ROWS = 100_000  # rows read per sheet; more is a data set, not a document
+MAX_CELLS = 5_000_000
+"""Cells a workbook's rows may span, empty ones between its cells included: more is a data set, or a
+file that declares a sheet of a billion cells to make its reader pad them."""
 
 
-def read_docx(path: str, limits: Limits) -> Extracted:
+def read_docx(handle: BinaryIO, limits: Limits) -> Extracted:
     import docx
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
-    limits.check_archive(path, "Word").close()
-    document = docx.Document(path)
+    limits.check_archive(handle, "Word").close()
+    handle.seek(0)
+    document = docx.Document(handle)
     title = (document.core_properties.title or "").strip()
     blocks = []
     for count, element in enumerate(document.element.body.iterchildren()):
@@ -64,11 +70,12 @@ def _docx_paragraph(paragraph) -> str:
     return text
 
 
-def read_pptx(path: str, limits: Limits) -> Extracted:
+def read_pptx(handle: BinaryIO, limits: Limits) -> Extracted:
     import pptx
 
-    limits.check_archive(path, "PowerPoint").close()
-    presentation = pptx.Presentation(path)
+    limits.check_archive(handle, "PowerPoint").close()
+    handle.seek(0)
+    presentation = pptx.Presentation(handle)
     title = (presentation.core_properties.title or "").strip()
     text, parts = "", []
     for number, slide in enumerate(presentation.slides, 1):
@@ -94,22 +101,29 @@ def read_pptx(path: str, limits: Limits) -> Extracted:
     return Extracted(text, title, parts)
 
 
-def read_xlsx(path: str, limits: Limits) -> Extracted:
+def read_xlsx(handle: BinaryIO, limits: Limits) -> Extracted:
     import openpyxl
 
-    limits.check_archive(path, "Excel").close()
-    workbook = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    limits.check_archive(handle, "Excel").close()
+    handle.seek(0)
+    workbook = openpyxl.load_workbook(handle, read_only=True, data_only=True)
     try:
         title = (workbook.properties.title or "").strip()
-        text, parts = "", []
+        text, parts, spanned = "", [], 0
         for sheet in workbook.worksheets:
             limits.check()
+            sheet.reset_dimensions()  # rows as the file holds them, not padded to the size it declares
             rows = []
             for number, row in enumerate(sheet.iter_rows(values_only=True)):
                 if number >= MAX_SHEET_ROWS:
                     break
                 if number % 5000 == 0:
                     limits.check()
+                spanned += len(row)
+                if spanned > MAX_CELLS:
+                    raise Unreadable(f"its rows span over {MAX_CELLS:,} cells: a data set, not a document")
+                if row.count(None) == len(row):
+                    continue
                 cells = ["" if value is None else str(value) for value in row]
                 if any(cell.strip() for cell in cells):
                     rows.append(cells)

@@ -1,7 +1,7 @@
 """PDF: the text layer, page by page, through PDFium (pypdfium2); no OCR.
 
 - Lines that recur on many pages (running headers and footers, "Page 12 of 80": digits ignored
-  when comparing) are left out.
+  when comparing) are left out, from the pages that hold anything else.
 - A line in a larger font than the body text, short and without a closing full stop, is a
   heading (`#` to `###` by size): the chunker cuts sections there.
 - A line ending in a hyphen joins the next; lines join into paragraphs, which end at a short line
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import BinaryIO
 
 from . import Extracted, Limits, Unreadable
 
@@ -24,12 +25,12 @@ _DIGITS = re.compile(r"\d+")
 _SENTENCE_END = re.compile(r"[.!?:;][\"'\u201d\u2019)]*$")
 
 
-def read_pdf(path: str, limits: Limits) -> Extracted:
+def read_pdf(handle: BinaryIO, limits: Limits) -> Extracted:
     import pypdfium2 as pdfium
     import pypdfium2.raw as raw
 
     try:
-        document = pdfium.PdfDocument(path)
+        document = pdfium.PdfDocument(handle.read())
     except pdfium.PdfiumError as err:
         message = str(err)
         if "password" in message.lower():
@@ -73,9 +74,12 @@ def _markdown(pages: list[list[tuple[str, float]]], title: str) -> Extracted:
         parts.append((len(text), "pages", number))
         blocks, paragraph = [], []
         short = 0.6 * _typical_length(lines)
+        # a running line goes where the page says something else: a page of nothing else keeps it
+        dropped = running if any(line.strip() and _DIGITS.sub("#", line.strip()) not in running
+                                 for line, _ in lines) else set()
         for line, size in lines:
             stripped = line.strip()
-            if not stripped or _DIGITS.sub("#", stripped) in running:
+            if not stripped or _DIGITS.sub("#", stripped) in dropped:
                 if not stripped and paragraph:
                     blocks.append(" ".join(paragraph))
                     paragraph = []

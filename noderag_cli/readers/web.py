@@ -15,20 +15,42 @@ from __future__ import annotations
 import posixpath
 import re
 import warnings
+from typing import BinaryIO
 from urllib.parse import unquote
 
-from . import Extracted, Limits, Unreadable
+from . import Extracted, Limits, NotADocument, Unreadable, bounded_member
 
 BOILERPLATE = ("script", "style", "noscript", "template", "nav", "header", "footer", "aside", "form", "iframe",
                "svg", "button", "select", "input", "canvas", "object", "embed")
 MAIN = ("main", "article", '[role="main"]')
 
 
-def read_html(path: str, limits: Limits) -> Extracted:
-    with open(path, "rb") as handle:
-        markup = handle.read()
+def read_html(handle: BinaryIO, limits: Limits) -> Extracted:
+    markup = handle.read()
+    if b"\x00" in markup[:8192] and not markup.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise NotADocument("binary file (NUL bytes)")  # as the scan says of a text file (UTF-16 has a BOM)
     text, title = page_markdown(markup)
     return Extracted(text, title)
+
+
+_DOCTYPE = re.compile(rb"<!DOCTYPE", re.IGNORECASE)
+_SUBSET_END = re.compile(rb"\]\s*>")
+PROLOG_BYTES = 65_536  # where a document type declaration is looked for
+
+
+def without_doctype(markup: bytes) -> bytes:
+    """The markup without its document type declaration, internal subset included: the parsers never
+    define an entity (no outside file, no expansion), and a subset left in place either ends the
+    parse ("no text in it") or shows as "]>" in the text."""
+    found = _DOCTYPE.search(markup, 0, PROLOG_BYTES)
+    if found is None:
+        return markup
+    close = markup.find(b">", found.end())
+    bracket = markup.find(b"[", found.end(), close if close >= 0 else None)
+    if bracket >= 0:
+        subset = _SUBSET_END.search(markup, bracket)
+        close = subset.end() - 1 if subset else -1
+    return markup if close < 0 else markup[:found.start()] + markup[close + 1:]
 
 
 def page_markdown(markup: bytes | str) -> tuple[str, str]:
@@ -36,9 +58,11 @@ def page_markdown(markup: bytes | str) -> tuple[str, str]:
     from bs4 import BeautifulSoup, XMLParsedAsHTMLWarning
     from markdownify import MarkdownConverter
 
+    if isinstance(markup, str):
+        markup = markup.encode("utf-8")
     with warnings.catch_warnings():  # XHTML read as HTML is what is meant here: no warning to print
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
-        soup = BeautifulSoup(markup, "lxml")
+        soup = BeautifulSoup(without_doctype(markup), "lxml")
     title = " ".join(soup.title.get_text().split()) if soup.title is not None else ""
     for tag in soup(BOILERPLATE):
         tag.decompose()
@@ -52,20 +76,20 @@ def page_markdown(markup: bytes | str) -> tuple[str, str]:
     return text.strip(), title
 
 
-def read_epub(path: str, limits: Limits) -> Extracted:
+def read_epub(handle: BinaryIO, limits: Limits) -> Extracted:
     from bs4 import BeautifulSoup
 
-    archive = limits.check_archive(path, "EPUB")
+    archive = limits.check_archive(handle, "EPUB")
     with archive:
         names = set(archive.namelist())
         if "META-INF/container.xml" not in names:
             raise Unreadable("damaged or not an EPUB file (no META-INF/container.xml)")
-        container = BeautifulSoup(archive.read("META-INF/container.xml"), "lxml-xml")
+        container = BeautifulSoup(without_doctype(bounded_member(archive, "META-INF/container.xml")), "lxml-xml")
         rootfile = container.find("rootfile")
         package_path = rootfile.get("full-path") if rootfile is not None else None
         if not package_path or package_path not in names:
             raise Unreadable("damaged or not an EPUB file (its package document is missing)")
-        package = BeautifulSoup(archive.read(package_path), "lxml-xml")
+        package = BeautifulSoup(without_doctype(bounded_member(archive, package_path)), "lxml-xml")
         base = posixpath.dirname(package_path)
         manifest = {item.get("id"): item.get("href") for item in package.find_all("item")}
         title_tag = package.find("dc:title") or package.find("title")
@@ -76,7 +100,7 @@ def read_epub(path: str, limits: Limits) -> Extracted:
             member = posixpath.normpath(posixpath.join(base, unquote(href))) if href else None
             if member in names:
                 limits.check()
-                chapter, _ = page_markdown(archive.read(member))
+                chapter, _ = page_markdown(bounded_member(archive, member))
                 if chapter:
                     chapters.append(chapter)
     return Extracted("\n\n".join(chapters), title)
