@@ -16,10 +16,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.installed tests/llm_support/install_llm_server.sh \
-		tests/browser_support/install_chromium.sh
+		tests/browser_support/install_chromium.sh tests/system_support/install_tools.sh
 	$(BIN)/pip install -q -e '.[test]'
 	bash tests/llm_support/install_llm_server.sh $(BIN)/python $(VENV)/models
 	bash tests/browser_support/install_chromium.sh
+	bash tests/system_support/install_tools.sh
 	touch $@
 
 install: $(VENV)/.installed

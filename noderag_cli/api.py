@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .engines import make_engine
 from .errors import InputError, QuestionFileError, WorkspaceError
-from .files import atomic_write_bytes
+from .files import atomic_write_bytes, check_output
 from .index.pipeline import IndexResult
 from .index.run import Reading, index, workspace_config
 from .index.stages import Reporter
@@ -91,16 +91,13 @@ def export(workspace: str | Path, fmt: str, out: str | Path | None = None) -> di
     target = Path(out) if out is not None else Path(f"{ws.root.resolve().name}" + (".graphml" if fmt == "graphml"
                                                                                    else "-csv"))
     refuse_output_inside(target)
-    if fmt == "graphml" and target.is_dir():
-        raise InputError(f"--out {target} is a folder; GraphML goes to a file")
-    if fmt == "csv" and target.exists() and not target.is_dir():
-        raise InputError(f"--out {target} is a file; the CSV export is a folder (nodes.csv, edges.csv)")
+    if fmt == "graphml":
+        check_output(target, "--out")
+    if fmt == "csv" and (target.is_symlink() or (target.exists() and not target.is_dir())):
+        raise InputError(f"--out {target} is a file or a link; the CSV export is a folder (nodes.csv, edges.csv)")
     with ws.open_generation() as generation:
-        try:
-            write = exporter.write_graphml if fmt == "graphml" else exporter.write_csv
-            counts = write(generation, target)
-        except OSError as err:
-            raise InputError(f"cannot write {target}: {err.strerror or err}") from err
+        write = exporter.write_graphml if fmt == "graphml" else exporter.write_csv
+        counts = write(generation, target)
     files = [str(target)] if fmt == "graphml" else [str(target / "nodes.csv"), str(target / "edges.csv")]
     return {"format": fmt, "generation": generation.name, "files": files, **counts}
 

@@ -154,6 +154,14 @@ class Cache:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM kv WHERE ns=?", [ns]).fetchone()[0]
 
+    def counts(self) -> dict[str, int]:
+        """Entries per namespace (none in a file that holds no cache table: an emptied one)."""
+        with self._lock:
+            try:
+                return dict(self._db.execute("SELECT ns, COUNT(*) FROM kv GROUP BY ns").fetchall())
+            except sqlite3.OperationalError:
+                return {}
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

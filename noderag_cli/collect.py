@@ -28,9 +28,15 @@ from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
 
 
 def _size(path: Path) -> int:
+    """Bytes of a file or a folder's files, links not followed (a link counts as nothing)."""
+    if path.is_symlink():
+        return 0
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+    if not path.is_dir():
+        return 0
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path)
+               for name in names if not os.path.islink(os.path.join(root, name)))
 
 
 def _stray_files(ws: Workspace) -> list[Path]:
@@ -38,8 +44,8 @@ def _stray_files(ws: Workspace) -> list[Path]:
     declared = {f"{stage.name}.{name}" for stage in STAGES for name in (*stage.outputs, CACHE_KEYS)}
     stray = [p for p in ws.stages_dir.iterdir() if p.is_file() and p.name not in declared] \
         if ws.stages_dir.is_dir() else []
-    for folder in (ws.root, *(p for p in (ws.root / GENERATIONS_DIR).glob("*") if p.is_dir())):
-        stray += [p for p in folder.glob(".*.tmp") if p.is_file()]
+    for folder in (ws.root, *(p for p in (ws.root / GENERATIONS_DIR).glob("*") if p.is_dir() and not p.is_symlink())):
+        stray += [p for p in folder.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
     return sorted(set(stray))
 
 
@@ -99,7 +105,8 @@ def collect(workspace: Path, dry_run: bool = False, include_unfinished: bool = F
         manifest = Manifest.load(ws)
         current = ws.current_name()
         folder = ws.root / GENERATIONS_DIR
-        old = [p for p in sorted(folder.iterdir()) if p.is_dir() and p.name != current] if folder.is_dir() else []
+        old = [p for p in sorted(folder.iterdir()) if (p.is_dir() or p.is_symlink()) and p.name != current] \
+            if folder.is_dir() else []
         sizes = {p.name: _size(p) for p in old}
         removed = list(sizes) if dry_run else ws.remove_unused_generations()
         held = [name for name in sizes if name not in removed]
@@ -132,6 +139,9 @@ def collect(workspace: Path, dry_run: bool = False, include_unfinished: bool = F
                         "kept for the next run; `noderag gc --include-unfinished` removes them, and that run pays "
                         "for them again")
                     cache["removed"] = cache["bytes"] = 0
+        if not dry_run and cache.get("removed") and ws.cache_path.is_file():
+            manifest.record_cache(ws.cache)  # what gc leaves is what the next run may expect
+            manifest.save(ws)
         freed = sum(sizes[name] for name in removed) + stray_bytes + cache["bytes"]
         return {"workspace": str(ws.root), "dry_run": dry_run, "generations": removed, "held_generations": held,
                 "files": [p.relative_to(ws.root).as_posix() for p in stray], "cache": cache, "bytes_freed": freed}

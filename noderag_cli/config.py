@@ -54,12 +54,16 @@ class GraphConfig(_Section):
         "(docs/benchmarks.md, incremental update with an LLM engine)")
 
 
+MAX_PRICE = 100_000.0  # USD per million tokens: more is a typo, not a price
+MAX_CAP = 1_000_000.0  # USD: a larger spending cap caps nothing
+
+
 class Price(_Section):
     """USD per million tokens: for a model litellm's local price table does not know, or to
     override it (a negotiated rate, a local server's running cost)."""
 
-    input: float = Field(ge=0)
-    output: float = Field(0.0, ge=0)
+    input: float = Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    output: float = Field(0.0, ge=0, le=MAX_PRICE, allow_inf_nan=False)
 
 
 COST_ONLY = {"price_per_million_tokens", "max_cost_usd"}
@@ -113,7 +117,7 @@ class LLMConfig(_Section):
     grounding: bool = Field(True, description="keep only the names, relationships, units and summaries a reply's "
                             "input supports, and retry replies that echo the prompt's example (engines/grounding.py)")
     max_cost_usd: float | None = Field(
-        None, gt=0, description="spending cap of one index run (LLM and embedding calls): a run whose estimate is "
+        None, gt=0, le=MAX_CAP, allow_inf_nan=False, description="spending cap of one index run (LLM and embedding calls): a run whose estimate is "
         "over it does not start, and one whose spend would pass it stops, its work kept for the next run; "
         "`index --max-cost` sets it for one run")
     price_per_million_tokens: Price | None = Field(
@@ -188,6 +192,12 @@ class Config(_Section):
     llm: LLMConfig = LLMConfig()
     search: SearchConfig = SearchConfig()
     executor: ExecutorConfig = ExecutorConfig()
+
+    def paid(self) -> list[tuple[str, LLMConfig | EmbeddingConfig]]:
+        """(section name, section) of the models this config has a run pay for: those behind litellm."""
+        return [(name, section) for name, section, backend in (("llm", self.llm, self.llm.engine),
+                                                              ("embedding", self.embedding, self.embedding.backend))
+                if backend == "litellm"]
 
 
 def changed(section: _Section, **changes):

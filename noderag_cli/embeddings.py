@@ -147,7 +147,8 @@ def remote_vectors(transport, texts: list[str], config: EmbeddingConfig) -> np.n
 
     async def one(batch: list[str]) -> np.ndarray:
         response = await transport.send(stats, 0, lambda: lt.aembedding(
-            model=config.model, input=batch, timeout=transport.timeout, num_retries=0, max_retries=0, **auth))
+            model=config.model, input=batch, timeout=transport.timeout, num_retries=0, max_retries=0, **auth),
+            task="embedding", cost_tokens=(sum(nlp.count_tokens(batch)), 0))
         data = sorted(response.data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
         vectors = np.asarray([d["embedding"] if isinstance(d, dict) else d.embedding for d in data], dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(batch):

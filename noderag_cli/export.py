@@ -13,14 +13,17 @@ control characters, so in GraphML they become U+FFFD; the CSV files keep the tex
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import Path
+from typing import BinaryIO
 from xml.sax.saxutils import escape, quoteattr
 
 import pyarrow as pa
 
-from .files import atomic_write_with
+from .errors import InputError
+from .files import write_output
 from .generation import Generation
 from .index.chunk import place_of
 from .search.results import place_label
@@ -69,8 +72,8 @@ def write_graphml(generation: Generation, path: Path) -> dict[str, int]:
     nodes, paths, places = _nodes(generation)
     edges = generation.table("edges")
 
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+    def write(handle: BinaryIO) -> None:
+        with io.TextIOWrapper(handle, encoding="utf-8", newline="\n") as out:
             out.write('<?xml version="1.0" encoding="UTF-8"?>\n'
                       '<graphml xmlns="http://graphml.graphdrawing.org/xmlns" '
                       'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
@@ -98,17 +101,18 @@ def write_graphml(generation: Generation, path: Path) -> dict[str, int]:
                           f'<data key="similarity">{"true" if similarity else "false"}</data></edge>\n')
             out.write("  </graph>\n</graphml>\n")
 
-    atomic_write_with(path, write)
+    write_output(path, write, "--out")
     return {"nodes": nodes.num_rows, "edges": edges.num_rows}
 
 
 def write_csv(generation: Generation, folder: Path) -> dict[str, int]:
-    """`nodes.csv` and `edges.csv` in FOLDER, headers in Neo4j's bulk-import format."""
+    """`nodes.csv` and `edges.csv` in FOLDER (made if missing, inside an existing folder), headers in
+    Neo4j's bulk-import format."""
     nodes, paths, places = _nodes(generation)
     edges = generation.table("edges")
 
-    def write_nodes(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8", newline="") as out:
+    def write_nodes(handle: BinaryIO) -> None:
+        with io.TextIOWrapper(handle, encoding="utf-8", newline="") as out:
             writer = csv.writer(out, lineterminator="\n")
             writer.writerow(["id:ID", ":LABEL", "type", "name", "text", "documents:string[]", "locations:string[]",
                              "community:int", "tokens:int"])
@@ -118,13 +122,17 @@ def write_csv(generation: Generation, folder: Path) -> dict[str, int]:
                 writer.writerow([node_id, TYPE_LABELS.get(node_type, node_type), node_type, name, text, documents,
                                  locations, community, tokens])
 
-    def write_edges(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8", newline="") as out:
+    def write_edges(handle: BinaryIO) -> None:
+        with io.TextIOWrapper(handle, encoding="utf-8", newline="") as out:
             writer = csv.writer(out, lineterminator="\n")
             writer.writerow([":START_ID", ":END_ID", ":TYPE", "weight:float", "similarity:boolean"])
             for source, target, kind, weight, similarity in _rows(edges, ("source", "target", "kind", "weight", "hnsw")):
                 writer.writerow([source, target, kind, repr(weight), "true" if similarity else "false"])
 
-    atomic_write_with(folder / "nodes.csv", write_nodes)
-    atomic_write_with(folder / "edges.csv", write_edges)
+    if not folder.parent.is_dir():
+        raise InputError(f"--out {folder}: folder {folder.parent} does not exist (outputs never create folders "
+                         "but their own)")
+    folder.mkdir(exist_ok=True)
+    write_output(folder / "nodes.csv", write_nodes, "--out")
+    write_output(folder / "edges.csv", write_edges, "--out")
     return {"nodes": nodes.num_rows, "edges": edges.num_rows}

@@ -9,13 +9,17 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .errors import InputError
 
 
 def fsync_dir(path: Path) -> None:
@@ -66,10 +70,12 @@ def write_parquet(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(path, parquet_bytes(table))
 
 
-def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
+def atomic_write_with(path: Path, write: Callable[[str], None], make_folder: bool = True) -> None:
     """`write(name)` into a temporary file beside `path`, flushed to disk, then renamed over `path`:
-    a reader sees the old file or the new one, never a part (faiss.write_index takes a name)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    a reader sees the old file or the new one, never a part (faiss.write_index takes a name). The
+    rename replaces `path` itself, never what a link there leads to."""
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.close(fd)
@@ -82,6 +88,61 @@ def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_output(path: Path, option: str) -> Path | None:
+    """InputError (one line) unless `path` is a file the user may have a command write: its folder
+    exists (none is made), and it is absent, a regular file (replaced atomically), or a special file
+    such as /dev/null or a FIFO (written through, never replaced). A symbolic link is refused when it
+    leads to a regular file or nowhere: replacing its target, or the link, would not be what was
+    named. Returns the special file to write through, or None for an atomic replace."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise InputError(f"{option} {path}: {err.strerror or err}") from None
+    if mode is not None and stat.S_ISLNK(mode):
+        try:
+            target_mode = os.stat(path).st_mode
+        except OSError:
+            target_mode = None
+        if target_mode is None or stat.S_ISREG(target_mode) or stat.S_ISDIR(target_mode):
+            raise InputError(f"{option} {path} is a symbolic link (to {os.readlink(path)}): name the file itself; "
+                             "outputs never replace a link or write through one to a file")
+        mode = target_mode
+    if mode is not None and stat.S_ISDIR(mode):
+        raise InputError(f"{option} {path} is a folder; it names a file")
+    if mode is not None and stat.S_ISBLK(mode):
+        raise InputError(f"{option} {path} is a block device; outputs never write to one")
+    if mode is not None and not stat.S_ISREG(mode):
+        return path  # a character device or a FIFO: written through
+    if not path.parent.is_dir():
+        raise InputError(f"{option} {path}: folder {path.parent} does not exist (outputs never create folders)")
+    return None
+
+
+def write_output(path: Path, write: Callable[[BinaryIO], None], option: str) -> None:
+    """`write(handle)` to a file the user named (`check_output` says which may be): a regular file
+    through a temporary file beside it, renamed over it; a special file written through. InputError
+    (one line) for what cannot be written, e.g. a full device."""
+    path = Path(path)
+    through = check_output(path, option)
+    try:
+        if through is None:
+            atomic_write_with(path, lambda tmp: _write_named(tmp, write), make_folder=False)
+            return
+        fd = os.open(through, os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+    except OSError as err:
+        raise InputError(f"cannot write {option} {path}: {err.strerror or err}") from None
+
+
+def _write_named(name: str, write: Callable[[BinaryIO], None]) -> None:
+    with open(name, "wb") as handle:
+        write(handle)
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -17,7 +17,7 @@ import html
 import json
 from pathlib import Path
 
-from .files import atomic_write_bytes
+from .files import write_output
 from .search import paths
 from .search.results import Retrieval, RetrievedNode
 
@@ -192,4 +192,7 @@ def render(results: list[Retrieval], title: str) -> str:
 
 
 def write(results: list[Retrieval], target: Path, title: str) -> None:
-    atomic_write_bytes(target, render(results, title).encode("utf-8"))
+    """The page written to `target` (`files.write_output`: a regular file replaced atomically, a
+    special file written through, a link or a missing folder refused)."""
+    data = render(results, title).encode("utf-8")
+    write_output(target, lambda handle: handle.write(data), "--html")

@@ -65,6 +65,12 @@ NODES = "nodes.parquet"  # a node table: a stage's (`stages/<stage>.nodes.parque
 EDGES = "edges.parquet"  # an edge table, likewise
 LEGACY_FINAL = (NODES, EDGES, "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
+LOCK_FILE = ".lock"
+LOG_FILE = "noderag.log"
+WRITTEN_IN_PLACE = (LOCK_FILE, LOG_FILE, CACHE_FILE, CACHE_FILE + "-wal", CACHE_FILE + "-shm", CACHE_FILE + "-journal",
+                    "stages", GENERATIONS_DIR, "evaluation")
+"""What a run opens and writes in place, or writes inside: never a link (`check_no_links`)."""
+_NO_FOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def _input_of(manifest_path: Path) -> str | None:
@@ -118,7 +124,7 @@ class Workspace:
 
     @property
     def log_path(self) -> Path:
-        return self.root / "noderag.log"
+        return self.root / LOG_FILE
 
     @property
     def evaluation_dir(self) -> Path:
@@ -131,7 +137,7 @@ class Workspace:
 
     @property
     def lock_path(self) -> Path:
-        return self.root / ".lock"
+        return self.root / LOCK_FILE
 
     def stage_path(self, stage: str, name: str) -> Path:
         return self.stages_dir / f"{stage}.{name}"
@@ -146,12 +152,24 @@ class Workspace:
 
     def create(self) -> None:
         self.check_usable()
+        self.check_no_links()
         try:
             self.stages_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise WorkspaceError(f"cannot create workspace {self.root}: {err.strerror}") from err
         if not os.access(self.root, os.W_OK):
             raise WorkspaceError(f"workspace {self.root} is not writable")
+
+    def check_no_links(self) -> None:
+        """WorkspaceError (one line, naming the link and its removal) when a file or folder a run
+        writes in place is a symbolic link: the lock, the log, the cache and its journals, the stages,
+        generations and evaluation folders. A run never writes, truncates or deletes through a link
+        (files written by rename replace a link there, not what it leads to)."""
+        for name in WRITTEN_IN_PLACE:
+            path = self.root / name
+            if path.is_symlink():
+                raise WorkspaceError(f"{path} is a symbolic link (to {os.readlink(path)}): a workspace's files are never "
+                                     f"written through links; remove it (rm {path}) and run the command again")
 
     def exists(self) -> bool:
         return self.manifest_path.is_file()
@@ -193,7 +211,7 @@ class Workspace:
         """Exclusive for one indexing run. flock dies with its process, so a crash never leaves it stuck."""
         self.create()
         try:
-            handle = open(self.lock_path, "a+")
+            handle = os.fdopen(os.open(self.lock_path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o644), "r+")
         except OSError as err:
             raise WorkspaceError(f"cannot lock workspace {self.root}: {err.strerror}") from err
         try:
@@ -305,13 +323,20 @@ class Workspace:
 
     def remove_unused_generations(self) -> list[str]:
         """Remove every generation but the current one that no reader holds; returns the names
-        removed. A held one stays until a later run. Caller holds the workspace lock."""
+        removed. A held one stays until a later run; a link in generations/ is removed itself, never
+        followed. Caller holds the workspace lock."""
         folder = self.root / GENERATIONS_DIR
         if not folder.is_dir():
             return []
         current, removed = self.current_name(), []
         for path in sorted(folder.iterdir()):
-            if path.name == current or not path.is_dir():
+            if path.name == current:
+                continue
+            if path.is_symlink():  # not a build of this workspace: the link goes, never what it leads to
+                path.unlink()
+                removed.append(path.name)
+                continue
+            if not path.is_dir():
                 continue
             try:
                 fd = os.open(path / READERS_FILE, os.O_RDONLY)
@@ -480,9 +505,18 @@ class Workspace:
     def logger(self) -> logging.Logger:
         log = logging.getLogger(f"noderag.{self.root.resolve()}")
         if not log.handlers:
-            handler = logging.FileHandler(self.log_path, encoding="utf-8")
+            self.check_no_links()
+            handler = _NoFollowFileHandler(self.log_path, encoding="utf-8")
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             log.addHandler(handler)
             log.setLevel(logging.INFO)
             log.propagate = False
         return log
+
+
+class _NoFollowFileHandler(logging.FileHandler):
+    """The log opened for appending without following a link put in its place."""
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NO_FOLLOW, 0o644)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)

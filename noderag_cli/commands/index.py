@@ -46,6 +46,9 @@ def index(
         "--max-cost", metavar="USD", show_default=False,
         help="spending cap of this run (over llm.max_cost_usd): a run estimated over it does not start (exit 2); "
              "one that reaches it stops with its paid work kept (exit 1), and a rerun with a higher cap goes on")] = None,
+    accept_cache_loss: Annotated[bool, typer.Option(
+        "--accept-cache-loss", help="go on when the workspace's cache lost paid LLM replies since the last run "
+                                    "(emptied or replaced): they are asked, and paid for, again")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Index every document under FOLDER into WORKSPACE; resumes and updates incrementally."""
@@ -63,7 +66,7 @@ def index(
     with progress_bars() as bars:
         reporter = RichReporter(bars) if bars is not None else LineReporter()
         result = run_api(lambda: api.index(workspace, input, config_path=config, reporter=reporter, reading=reading,
-                                        max_cost_usd=max_cost))
+                                        max_cost_usd=max_cost, accept_cache_loss=accept_cache_loss))
     if as_json:
         print_json({"workspace": str(workspace), **result.as_dict()})
     else:

@@ -49,16 +49,10 @@ def _answer_lines(session, questions: Path, items: list, answer: bool, params, f
 def _write_page(results: list, target: Path, workspace: Path) -> None:
     """`--html`: the page of what the questions found (page.py); never into a workspace."""
     from .. import page
-    from ..errors import InputError
     from ..workspace import refuse_output_inside
 
     refuse_output_inside(target, "--html")
-    if target.is_dir():
-        raise InputError(f"--html {target} is a folder; the page goes to a file")
-    try:
-        page.write(results, target, f"noderag: what the search found in {workspace.name}")
-    except OSError as err:
-        raise InputError(f"cannot write {target}: {err.strerror or err}") from err
+    page.write(results, target, f"noderag: what the search found in {workspace.name}")
 
 
 def query(
@@ -85,6 +79,7 @@ def query(
 ) -> None:
     """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
     from .. import api
+    from ..files import check_output
     from ..questions import read_question_lines
     from ..workspace import refuse_output_inside
 
@@ -98,7 +93,7 @@ def query(
     session = run_api(lambda: api.open_workspace(workspace, config_path=config, compiled=compiled))
     params = run_api(lambda: session.search_settings(**changes))
     if html_page is not None:
-        run_api(lambda: refuse_output_inside(html_page, "--html"))  # before any work
+        run_api(lambda: (refuse_output_inside(html_page, "--html"), check_output(html_page, "--html")))  # before any work
     if questions is not None:
         found: list = []
         code = run_api(lambda: _answer_lines(session, questions, items, not context_only, params, found))

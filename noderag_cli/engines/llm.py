@@ -211,7 +211,8 @@ class LiteLLMEngine(Engine):
         attempts = TaskStats()  # its calls are not the task's; its 429 waits are the run's
 
         async def probe(_report):  # the one retry path of every request: a 5xx or a stall is tried again
-            return await self.transport.send(attempts, CHECK_TOKENS, call)
+            return await self.transport.send(attempts, CHECK_TOKENS, call, task=CHECK_TASK,
+                                             cost_tokens=(CHECK_TOKENS - 16, 16))
 
         stats = self.stats.task(task)
         stats.connection_checks += 1
@@ -229,7 +230,7 @@ class LiteLLMEngine(Engine):
         finally:
             stats.rate_limit_waits += attempts.rate_limit_waits
             stats.rate_limit_seconds += attempts.rate_limit_seconds
-        self.transport.account(stats, response)
+        self.transport.account(stats, response, charge=False)  # (charged once, when it came back)
 
     # -- public task methods -----------------------------------------------------------
     def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
@@ -512,7 +513,8 @@ class LiteLLMEngine(Engine):
                 _log.info("using response format %s instead of %s", self._structured, mode)
             return True
 
-        response = await self.transport.send(stats, prompt_tokens + max_tokens, call, weaker_format)
+        response = await self.transport.send(stats, prompt_tokens + max_tokens, call, weaker_format, task=task,
+                                             cost_tokens=(prompt_tokens, max_tokens))
         choice = response.choices[0]
         text = getattr(choice.message, "content", None) or ""
         return _Reply(text, getattr(choice, "finish_reason", None) == "length", max_tokens, room)

@@ -17,7 +17,8 @@ connection check):
   the config's price or litellm's local price table (`pricing.py`; an unpriced model sets
   `price_known = False`);
 - the run's spending cap (`SpendingCap`, shared by a run's transports): a request is sent only
-  when its worst-case cost fits in what the cap leaves.
+  when its estimated cost, learnt from how the provider billed its task's earlier replies, fits in
+  what the cap leaves.
 """
 
 from __future__ import annotations
@@ -298,37 +299,88 @@ CAP_REACHED = "spending cap"
 
 
 class SpendingCap:
-    """What one run may spend, shared by its transports. A request reserves its worst-case cost
-    before it is sent and is charged what it cost when it returns, so the spend never passes the
-    limit: requests already in flight finish (and are cached), the next ones are refused."""
+    """What one run may spend, shared by its transports (which all send from one loop). Each request
+    is admitted against estimates of its cost (`Transport._estimate`): `high`, at the most its task's
+    earlier replies were billed (tokens counted by the provider against ours, output billed
+    including hidden reasoning), and `expected`, at what they were billed on average.
+
+    - A task's first request goes alone: until a reply says how the provider counts and bills, no
+      second one of that task is in flight.
+    - Requests go together while what was spent, what the requests in flight may cost at most, and
+      this one's `high` fit in the limit; past that, each waits for the requests in flight.
+    - With nothing in flight, one request goes when what was spent and its `expected` fit; else the
+      run stops there (`refused`), its paid work kept.
+
+    So a run whose real cost is under the limit finishes, and the spend passes the limit, if ever, by
+    about the cost of the last request sent (the most a request could be billed beyond its estimate)."""
 
     def __init__(self, limit_usd: float):
         self.limit_usd = limit_usd
         self.spent_usd = 0.0
-        self._reserved = 0.0
         self.refused = 0  # requests not sent: the run stops once its in-flight work is kept
-        self._lock = threading.Lock()
+        self._reserved = 0.0  # the `high` estimates of the requests in flight
+        self._in_flight = 0
+        self._busy: dict[str, int] = {}  # requests in flight per task
+        self._changed: asyncio.Condition | None = None
 
-    def reserve(self, bound_usd: float) -> bool:
-        with self._lock:
-            if self.spent_usd + self._reserved + bound_usd > self.limit_usd:
+    async def admit(self, task: str, calibrated: bool, high: float, expected: float) -> float | None:
+        """What is reserved for a request about to be sent (its `high`), or None: not sent, the cap is
+        reached. Waits while the rules (class docstring) say to wait."""
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            while True:
+                alone_first = calibrated or not self._busy.get(task)
+                if alone_first and self.spent_usd + self._reserved + high <= self.limit_usd:
+                    break
+                if self._in_flight:
+                    await self._changed.wait()
+                    continue
+                if self.spent_usd + expected <= self.limit_usd:
+                    break
                 self.refused += 1
-                return False
-            self._reserved += bound_usd
-            return True
+                return None
+            self._reserved += high
+            self._in_flight += 1
+            self._busy[task] = self._busy.get(task, 0) + 1
+            return high
 
-    def release(self, bound_usd: float) -> None:
-        with self._lock:
-            self._reserved -= bound_usd
+    async def release(self, task: str, reserved: float) -> None:
+        """A request admitted with `reserved` is back (its cost, if any, already charged)."""
+        async with self._changed:
+            self._reserved -= reserved
+            self._in_flight -= 1
+            self._busy[task] -= 1
+            self._changed.notify_all()
 
     def charge(self, cost_usd: float) -> None:
-        with self._lock:
-            self.spent_usd += cost_usd
+        self.spent_usd += cost_usd
 
     def stopped_message(self) -> str:
         return (f"stopped at the spending cap: spent ${self.spent_usd:.4f} of ${self.limit_usd:.4f}, and the next "
                 "request could pass it; what was paid for is kept: run `noderag index` again with a higher "
                 "--max-cost (or llm.max_cost_usd) to go on")
+
+
+@dataclass
+class _Billed:
+    """How a task's replies were billed against what was sent: input tokens the provider counted per
+    token of ours (some count several times as many), and output tokens billed (hidden reasoning
+    included, which can pass the requested limit)."""
+
+    replies: int = 0
+    input_ratio_max: float = 0.0
+    input_ratio_sum: float = 0.0
+    output_max: int = 0
+    output_sum: int = 0
+
+    def add(self, counted_input: int, billed_input: int, billed_output: int) -> None:
+        ratio = billed_input / counted_input if counted_input else 1.0
+        self.replies += 1
+        self.input_ratio_max = max(self.input_ratio_max, ratio)
+        self.input_ratio_sum += ratio
+        self.output_max = max(self.output_max, billed_output)
+        self.output_sum += billed_output
 
 
 # --------------------------------------------------------------------------- routing
@@ -391,6 +443,7 @@ class Transport:
         self.price_known: bool | None = None
         """None until a call was priced; False once a call's model had no price (its cost counted 0)."""
         self.cap: SpendingCap | None = None  # the run's, set by the run
+        self._billed: dict[str, _Billed] = {}  # per task, for the cap's estimates
         self._last_notice = float("-inf")
         self._waits = 0  # every 429 waited out, the connection check's too
         self._semaphore: asyncio.Semaphore | None = None
@@ -442,19 +495,22 @@ class Transport:
         return _LoopThread.get().run(make, progress)
 
     async def send(self, stats: TaskStats, tokens: int, call: Callable[[], Awaitable[Any]],
-                   refused_format: Callable[[], bool] | None = None) -> Any:
+                   refused_format: Callable[[], bool] | None = None, *, task: str = "",
+                   cost_tokens: tuple[int, int] | None = None) -> Any:
         """`call()`'s response, through admission and retries (see the module docstring), accounted
         in `stats`; `tokens` is what the request may use at most (the limiter's reservation).
         `refused_format()`, when a server refuses the requested response format, says whether a
-        weaker format was chosen (the request is then sent again). `_CallFailed` when given up on
-        this request; EngineError when no request to this model can work."""
+        weaker format was chosen (the request is then sent again). Under a spending cap, `task` and
+        `cost_tokens` (input tokens as counted here, the output asked for at most) are what its cost
+        is estimated from (`SpendingCap`). `_CallFailed` when given up on this request; EngineError
+        when no request to this model can work."""
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
         attempts = 0
         waited = 0.0
         while True:
             async with self._semaphore:
-                bound = self._reserve(tokens)
+                reserved = await self._admit(task, cost_tokens or (tokens, 0))
                 try:
                     reservation = await self.limiter.acquire(tokens)
                     stats.calls += 1
@@ -464,11 +520,13 @@ class Transport:
                         error: Exception | None = err
                     else:
                         error = None
+                        in_tok, out_tok = self.account(stats, response)
+                        if cost_tokens is not None:
+                            self._billed.setdefault(task, _Billed()).add(cost_tokens[0], in_tok, out_tok)
                 finally:
                     if self.cap is not None:
-                        self.cap.release(bound)
+                        await self.cap.release(task, reserved)
             if error is None:
-                in_tok, out_tok = self.account(stats, response)
                 self.limiter.settle(reservation, in_tok + out_tok or tokens)
                 return response
             kind = _classify(error)
@@ -508,15 +566,30 @@ class Transport:
             _log.info("%s from %s, retry %d in %.1f s", category, self.model, attempts, delay)
             await asyncio.sleep(delay)
 
-    def _reserve(self, tokens: int) -> float:
-        """The worst-case cost of a request of at most `tokens` tokens, reserved on the cap
-        (every token priced as the dearer of input and output); `_CallFailed` when it does not fit."""
+    async def _admit(self, task: str, cost_tokens: tuple[int, int]) -> float:
+        """A request admitted by the cap (what it reserved); `_CallFailed` when the cap refuses it."""
         if self.cap is None:
             return 0.0
-        bound = max(price_of(self.model, tokens, 0, self.price) or 0.0, price_of(self.model, 0, tokens, self.price) or 0.0)
-        if not self.cap.reserve(bound):
+        calibrated, high, expected = self._estimate(task, *cost_tokens)
+        reserved = await self.cap.admit(task, calibrated, high, expected)
+        if reserved is None:
             raise _CallFailed(CAP_REACHED, f"${self.cap.spent_usd:.4f} of ${self.cap.limit_usd:.4f} spent")
-        return bound
+        return reserved
+
+    def _estimate(self, task: str, input_tokens: int, output_tokens: int) -> tuple[bool, float, float]:
+        """(whether a reply of `task` was billed yet, the most and the expected cost of a request of
+        `input_tokens` counted here asking for at most `output_tokens`), from how the task's earlier
+        replies were billed; before any, the tokens as they are."""
+        billed = self._billed.get(task)
+
+        def cost(tokens_in: float, tokens_out: float) -> float:
+            return price_of(self.model, int(tokens_in + 0.999), int(tokens_out + 0.999), self.price) or 0.0
+
+        if billed is None:
+            first = cost(input_tokens, output_tokens)
+            return False, first, first
+        return (True, cost(input_tokens * billed.input_ratio_max, billed.output_max),
+                cost(input_tokens * billed.input_ratio_sum / billed.replies, billed.output_sum / billed.replies))
 
     def _waiting(self, stats: TaskStats, delay: float) -> None:
         """Count, log and show one wait on a 429 (shown at the first and then every NOTICE_SECONDS)."""
@@ -530,8 +603,9 @@ class Transport:
             self._last_notice = now
             self.notice(message)
 
-    def account(self, stats: TaskStats, response: Any) -> tuple[int, int]:
-        """Tokens and cost of one response into `stats`: (input tokens, output tokens)."""
+    def account(self, stats: TaskStats, response: Any, charge: bool = True) -> tuple[int, int]:
+        """Tokens and cost of one response into `stats` (and, with `charge`, onto the cap): (input
+        tokens, output tokens), as the provider billed them."""
         usage = getattr(response, "usage", None)
         in_tok = int(getattr(usage, "prompt_tokens", 0) or 0)
         out_tok = int(getattr(usage, "completion_tokens", 0) or 0)
@@ -542,7 +616,7 @@ class Transport:
             self.price_known = False
         else:
             stats.cost_usd += cost
-            if self.cap is not None:
+            if self.cap is not None and charge:
                 self.cap.charge(cost)
             if self.price_known is None:
                 self.price_known = True

@@ -317,7 +317,7 @@ PNG_SKIPPED = "ablation.png not written: matplotlib is not installed (pip instal
 
 
 def write_outputs(result: AblationResult, out_dir: Path, title: str | None = None) -> dict[str, Path]:
-    from ..files import atomic_write_bytes
+    from ..files import write_output
     from .plots import plot_ablation
 
     out_dir = check_output_dir(out_dir)
@@ -328,9 +328,11 @@ def write_outputs(result: AblationResult, out_dir: Path, title: str | None = Non
         elif importlib.util.find_spec("matplotlib") is None:
             paths.pop("png")
             result.notes.append(PNG_SKIPPED)
-        atomic_write_bytes(paths["csv"], table_csv(result.rows).encode())
+        table = table_csv(result.rows).encode()
+        write_output(paths["csv"], lambda handle: handle.write(table), "--out")
         result.files = {k: str(v) for k, v in paths.items()}
-        atomic_write_bytes(paths["json"], json.dumps(result.as_dict(), indent=2).encode())
+        summary = json.dumps(result.as_dict(), indent=2).encode()
+        write_output(paths["json"], lambda handle: handle.write(summary), "--out")
         if "png" in paths:
             plot_ablation(result.rows, paths["png"], title or _title(result))
     except OSError as err:

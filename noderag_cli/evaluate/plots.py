@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..files import write_output
+
 PANELS = (("answer_containment", "answer containment"), ("support_recall", "support recall"))
 
 
@@ -48,6 +50,6 @@ def plot_ablation(rows: list[dict], path: Path, title: str = "NodeRAG ablations 
     figure.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
     figure.suptitle(title)
     path = Path(path)
-    figure.savefig(path, dpi=110)
+    write_output(path, lambda handle: figure.savefig(handle, dpi=110, format="png"), "--out")
     plt.close(figure)
     return path

@@ -294,7 +294,8 @@ def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, files: 
     for doc, path, title, content_hash, status in zip(
             *(documents[c].to_pylist() for c in ("doc_id", "path", "title", "content_hash", "status")), strict=True):
         file = by_path.get(path)
-        if status == "indexed" and file is not None and file.content_hash == content_hash:
+        kept = status == "failed" and doc in pieces  # kept at its last content while unreadable
+        if (status == "indexed" or kept) and file is not None and file.content_hash == content_hash:
             found[chunking_key(file, max_tokens, overlap_tokens, reader_identity)] = DocumentChunks(title, pieces.get(doc, []))
     return found
 
@@ -314,7 +315,11 @@ def document_chunks(
     todo: list[int] = []
     for position, file in enumerate(files):
         key = chunking_key(file, settings.chunk_tokens, settings.overlap_tokens, identity)
-        if file.reason or (file.text is None and not file.extracted and not file.deferred):
+        if file.kept:  # unreadable now: its last chunks stay, as a failed item (`scan.keep_last_content`)
+            last = previous.get(key, DocumentChunks())
+            out.append(DocumentChunks(last.title, last.chunks, failure=f"{file.reason}; its last content stays in the "
+                                      "build until it can be read"))
+        elif file.reason or (file.text is None and not file.extracted and not file.deferred):
             out.append(DocumentChunks())
         elif key in previous:
             out.append(previous[key])

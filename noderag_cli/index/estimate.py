@@ -97,7 +97,8 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
             if items else []
         output = sum(min(OUTPUT_TOKENS[task](t), config.llm.max_output_tokens) for t in prompt_tokens)
         tasks[task] = (len(items), int(sum(prompt_tokens)), int(output))
-    priced = pricing.estimate_cost(config.llm.model, tasks, config.llm.price_per_million_tokens)
+    priced = pricing.estimate_cost(config.llm.model, tasks, config.llm.price_per_million_tokens) if tasks else \
+        {"tasks": {}, "total": {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}, "note": ""}
     if config.embedding.backend == "litellm":
         embedder = Embedder(config.embedding, cache)
         keys = [embedder.cache_key(text) for text in embedded]
@@ -155,8 +156,7 @@ def spending_cap(ws: Workspace, input_folder: Path, config: Config) -> SpendingC
     from ..engines import pricing
 
     limit = config.llm.max_cost_usd
-    paid = [(section, getattr(config, section)) for section, backend in
-            (("llm", config.llm.engine), ("embedding", config.embedding.backend)) if backend == "litellm"]
+    paid = config.paid()
     if limit is None or not paid:
         return None
     for section, settings in paid:

@@ -40,7 +40,7 @@ from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, Workspace
 from . import assemble
-from .scan import remember
+from .scan import keep_last_content, remember
 from .scan import scan as scan_files
 from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
@@ -176,7 +176,9 @@ def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str,
 
 
 def scan_digest_of(files) -> str:
-    return json_digest([(f.path, f.content_hash) for f in files])
+    """What the chunk stage's fingerprint takes of the scan (a document kept at its last content
+    while unreadable differs from the same document read)."""
+    return json_digest([(f.path, f.content_hash, *((f.reason,) if f.kept else ())) for f in files])
 
 
 def run_pipeline(
@@ -193,13 +195,14 @@ def run_pipeline(
     files = scan_files(input_folder, config.chunk, reporter.advance, ws.cache)
     remember(ws.cache, files)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
-    readable = [f for f in files if not f.reason]
+    files = keep_last_content(files, indexed_state(ws))
+    readable = [f for f in files if not f.reason or f.kept]
     if not readable:
         detail = f" ({len(files)} skipped as unreadable)" if files else ""
         raise InputError(
             f"no readable {'/'.join(config.chunk.extensions)} files under {input_folder}{detail}; nothing was changed"
         )
-    result = IndexResult(skipped_files=[(f.path, f.reason) for f in files if f.reason])
+    result = IndexResult(skipped_files=[(f.path, f.reason) for f in files if f.reason and not f.kept])
     for path, reason in result.skipped_files:
         reporter.warn(f"skipped {path}: {reason}")
         log.warning("skipped %s: %s", path, reason)
@@ -232,6 +235,8 @@ def run_pipeline(
         for handler in log.handlers:
             engine_log.removeHandler(handler)
         engine_log.setLevel(level)
+    manifest.record_cache(ws.cache)
+    manifest.save(ws)
     result.seconds = time.perf_counter() - started
     result.failures = sum(entry.failures for entry in manifest.stages.values())
     built = assemble.current_manifest(ws)

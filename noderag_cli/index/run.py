@@ -12,12 +12,13 @@ from ..cache import cache_damage, salvage_cache
 from ..config import Config, changed, load_config
 from ..embeddings import Embedder
 from ..engines import make_engine
-from ..errors import WorkspaceError
+from ..errors import DamagedError, WorkspaceError
 from ..executor import make_executor
 from ..workspace import Workspace
 from .pipeline import IndexResult, run_pipeline
 from .scan import check_input_folder
 from .stages import Reporter
+from .state import Manifest, cache_loss
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
     reporter: Reporter | None = None, stop_after: str | None = None, reading: Reading | None = None,
-    max_cost_usd: float | None = None,
+    max_cost_usd: float | None = None, accept_cache_loss: bool = False,
 ) -> IndexResult:
     """Index (or update) WORKSPACE from every document under input_folder. `reading`, where given,
     over the config's `chunk` settings of what to read (and kept in its snapshot); `max_cost_usd`
-    over `llm.max_cost_usd`, for this run.
+    over `llm.max_cost_usd`, for this run. A cache that lost paid LLM replies since the last run
+    (emptied or replaced) stops the run unless `accept_cache_loss` (`_check_cache_kept`).
 
     Raises InputError (bad input folder), ConfigError, BadInputError (the estimate is over the
     spending cap), WorkspaceError (path is a file, locked, other embedding model, cannot be
@@ -81,6 +83,8 @@ def index(
         problem = cache_damage(ws.cache_path, thorough=True)  # every page read once: a flipped bit is found here
         if problem:
             _salvage_damaged_cache(ws, problem, reporter)
+        else:
+            _check_cache_kept(ws, Path(input_folder), reporter, accept_cache_loss)
         try:
             return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap)
         except sqlite3.DatabaseError as err:  # found damaged while the run read it: salvaged, then one more go
@@ -108,6 +112,23 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
     finally:
         executor.close()
         ws.close()
+
+
+def _check_cache_kept(ws: Workspace, input_folder: Path, reporter: Reporter | None, accept: bool) -> None:
+    """A cache emptied or replaced since the last run is named with what it held (`cache_loss`): a
+    warning when only free work is lost; DamagedError (exit 3) when paid LLM replies are, unless the
+    run was told to pay for them again."""
+    loss = cache_loss(ws, Manifest.load(ws))
+    if loss is None:
+        return
+    message, paid = loss
+    if paid and not accept:
+        raise DamagedError(f"{message}; restore it from a backup, or run `noderag index {ws.root} --input {input_folder} "
+                           f"--accept-cache-loss` to compute (and pay for) its {paid:,} lost LLM replies again")
+    message += "; what a run needs of it is computed (and paid for) again"
+    ws.logger().warning(message)
+    if reporter is not None:
+        reporter.warn(message)
 
 
 def _salvage_damaged_cache(ws: Workspace, problem: str, reporter: Reporter | None) -> None:

@@ -38,6 +38,13 @@ class ScannedFile:
     reader: str = "text"  # the format, as `readers.READERS` names it
     unchanged_key: str = ""  # its "scan" cache entry, when its content hash came from an earlier scan
     remember_key: str = ""  # the entry to write for it, when it was read now (and not changed just before)
+    kept: bool = False  # unreadable now, and its last content (content_hash) stays in the build (`keep_last_content`)
+
+    @property
+    def unreadable_now(self) -> bool:
+        """It is there but could not be read (permissions, an I/O error): maybe not for good, so a
+        failed item whose last content stays, never a document that was deleted."""
+        return self.reason.startswith((UNREADABLE, FOLDER_UNREADABLE))
 
     @property
     def extracted(self) -> bool:
@@ -73,6 +80,8 @@ UNSUPPORTED = {
 }
 """Document formats a folder often holds that no reader takes: reported, never passed over in silence."""
 
+UNREADABLE = "unreadable: "  # the reason of a file that is there but could not be read
+FOLDER_UNREADABLE = "folder not readable: "
 SCAN_PROGRESS = 1000  # files read between two progress reports
 RECENT_NS = 2_000_000_000  # a file modified or changed this close to its reading is read again next time
 MAX_LINE_CHARS = readers.MAX_LINE_CHARS  # a text file with a longer line is skipped: not prose
@@ -92,7 +101,7 @@ def _read_text(path: str, max_bytes: int) -> tuple[str | None, bytes, str]:
                 return None, head, "binary file (NUL bytes)"
             data = head + handle.read()
     except OSError as err:
-        return None, b"", f"unreadable: {err.strerror or err}"
+        return None, b"", f"{UNREADABLE}{err.strerror or err}"
     if not data.strip():
         return None, data, "empty file"
     try:
@@ -141,7 +150,7 @@ def _hash_file(path: str, max_bytes: int) -> tuple[str, int, str]:
             while block := handle.read(1 << 20):
                 digest.update(block)
     except OSError as err:
-        return "", 0, f"unreadable: {err.strerror or err}"
+        return "", 0, f"{UNREADABLE}{err.strerror or err}"
     if info.st_size == 0:
         return "", 0, "empty file"
     return digest.hexdigest(), info.st_size, ""
@@ -242,7 +251,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
     def unreadable_folder(err: OSError) -> None:
         where = Path(err.filename) if err.filename else folder
         relative = where.relative_to(folder).as_posix() if where != folder else "."
-        found.append(ScannedFile(relative + "/", str(where), None, "", 0, f"folder not readable: {err.strerror or err}"))
+        found.append(ScannedFile(relative + "/", str(where), None, "", 0, f"{FOLDER_UNREADABLE}{err.strerror or err}"))
 
     # plain strings, not Path objects: building two Paths per file was half of a scan's time
     for root, real, dirs, files in _walk(str(folder), unreadable_folder):
@@ -315,3 +324,29 @@ def remember(memory: Cache, files: list[ScannedFile]) -> None:
     """Write the "scan" entries of the files this scan read, so that the next scan need not. An
     entry says only what a file held when it looked so, true whatever becomes of the run."""
     memory.put_many("scan", [(f.remember_key, f.content_hash.encode()) for f in files if f.remember_key])
+
+
+def keep_last_content(files: list[ScannedFile], indexed: dict[str, str]) -> list[ScannedFile]:
+    """The scan with each document of the last build (`indexed`: path -> content hash) that is there
+    but cannot be read now (itself, or its folder) kept at its last content: a failed item of the
+    run whose chunks stay in the build, so that a passing permission or I/O problem neither drops a
+    document nor has its paid work collected away, and the next run tries it again."""
+    folders = [f for f in files if f.unreadable_now and f.path.endswith("/")]
+    listed = {f.path for f in files}
+    out = []
+    for file in files:
+        if file.unreadable_now and file.path in indexed:
+            file = ScannedFile(file.path, file.absolute, None, indexed[file.path], file.size, file.reason,
+                               _reader_name(file.path), kept=True)
+        out.append(file)
+    for path, content_hash in indexed.items():
+        folder = next((f for f in folders if path.startswith(f.path)), None)
+        if folder is not None and path not in listed:
+            absolute = os.path.join(folder.absolute, path[len(folder.path):])
+            out.append(ScannedFile(path, absolute, None, content_hash, 0, folder.reason, _reader_name(path), kept=True))
+    return sorted(out, key=lambda f: f.path)
+
+
+def _reader_name(path: str) -> str:
+    reader = readers.reader_for(path)
+    return reader.name if reader is not None else "text"

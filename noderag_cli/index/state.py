@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from ..cache import Cache
 from ..config import Config
 from ..engines.identity import identity
+from ..engines.llm import CACHE_NS as LLM_NS
 from ..workspace import CACHE_KEYS, FORMAT_VERSION, Workspace
 from . import assemble
 from .decompose import cache_key, input_key, input_name
@@ -69,14 +70,16 @@ class Manifest:
     stages: dict[str, StageEntry] = field(default_factory=dict)
     embedding: dict = field(default_factory=dict)  # model, dim, vectors (what decides a vector's bits)
     input: str | None = None
+    cache: dict = field(default_factory=dict)  # what the cache held when the last run or gc left it (`cache_loss`)
     extra: dict = field(default_factory=dict)  # keys another version wrote, kept as they are
 
     @classmethod
     def load(cls, ws: Workspace) -> Manifest:
         data = ws.read_manifest()
-        known = ("format_version", "stages", "embedding", "input")
+        known = ("format_version", "stages", "embedding", "input", "cache")
         return cls({name: StageEntry.from_json(entry) for name, entry in data.get("stages", {}).items()},
-                   data.get("embedding") or {}, data.get("input"), {k: v for k, v in data.items() if k not in known})
+                   data.get("embedding") or {}, data.get("input"), data.get("cache") or {},
+                   {k: v for k, v in data.items() if k not in known})
 
     def save(self, ws: Workspace) -> None:
         data = {**self.extra, "format_version": FORMAT_VERSION,
@@ -85,7 +88,15 @@ class Manifest:
             data["embedding"] = self.embedding
         if self.input is not None:
             data["input"] = self.input
+        if self.cache:
+            data["cache"] = self.cache
         ws.write_manifest(data)
+
+    def record_cache(self, cache: Cache) -> None:
+        """What the cache holds now, as the run or gc that wrote it leaves it: only an outside hand
+        makes it hold less before the next one (`cache_loss`)."""
+        counts = cache.counts()
+        self.cache = {"entries": sum(counts.values()), "paid_replies": counts.get(LLM_NS, 0)}
 
     def entry(self, stage: str) -> StageEntry | None:
         return self.stages.get(stage)
@@ -117,12 +128,15 @@ def compare_documents(before: dict[str, str], now: dict[str, str]) -> dict[str, 
 
 
 def indexed_state(ws: Workspace) -> dict[str, str]:
-    """{path: content hash} of the documents in the last complete build (empty when none)."""
-    table = assemble.built_documents(ws, ["path", "content_hash", "status"])
+    """{path: content hash} of the documents in the last complete build (empty when none): those
+    indexed, and those kept at their last content while they could not be read."""
+    table = assemble.built_documents(ws, ["path", "content_hash", "status", "chunks"])
     if table is None:
         return {}
-    return {p: h for p, h, s in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
-                                    table["status"].to_pylist(), strict=True) if s == "indexed"}
+    chunks = table["chunks"].to_pylist() if "chunks" in table.column_names else [0] * table.num_rows
+    return {p: h for p, h, s, n in zip(table["path"].to_pylist(), table["content_hash"].to_pylist(),
+                                       table["status"].to_pylist(), chunks, strict=True)
+            if s == "indexed" or (s == "failed" and n)}
 
 
 def decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[tuple[str, str, str]]) -> set[int]:
@@ -156,7 +170,8 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
         return []
     documents = ws.read_table(latest).to_pylist()
     indexed = indexed_state(ws)
-    changes = compare_documents(indexed, {r["path"]: r["content_hash"] for r in documents if r["status"] == "indexed"})
+    changes = compare_documents(indexed, {r["path"]: r["content_hash"] for r in documents
+                                          if r["status"] == "indexed" or (r["status"] == "failed" and r["chunks"])})
     why = {p: "new" for p in changes["new"]} | {p: "changed" for p in changes["changed"]}
     why |= {pair.split(" -> ")[1]: f"renamed from {pair.split(' -> ')[0]}" for pair in changes["renamed"]}
     failed_chunks: dict[str, str] = {}
@@ -231,3 +246,22 @@ def live_cache_keys(ws: Workspace, manifest: Manifest) -> tuple[list[tuple[str, 
         names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
         live.update(("decompose", input_key(name)) for name in names)
     return sorted(live), None
+
+
+def cache_loss(ws: Workspace, manifest: Manifest) -> tuple[str, int] | None:
+    """(the message, the paid LLM replies lost) when the cache lost what the last run or gc left in
+    it (`Manifest.record_cache`): every entry, or paid replies (which no run removes); emptied,
+    truncated or replaced since. None when not. The message names the file and what it held."""
+    recorded = manifest.cache
+    if not recorded.get("entries"):
+        return None
+    cache = ws.read_only_cache()
+    counts = cache.counts() if cache is not None else {}
+    entries, paid = sum(counts.values()), counts.get(LLM_NS, 0)
+    if paid >= recorded.get("paid_replies", 0) and entries:  # a run drops entries of its own (checkpoints), never all
+        return None
+    lost_paid = max(recorded.get("paid_replies", 0) - paid, 0)
+    held = f"{recorded['entries']:,} entries" + (f" ({recorded['paid_replies']:,} of them paid LLM replies)"
+                                                  if recorded.get("paid_replies") else "")
+    return (f"workspace file {ws.cache_path} holds {entries:,} entries where the last run left {held}: it was emptied "
+            "or replaced since", lost_paid)

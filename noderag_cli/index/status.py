@@ -19,7 +19,15 @@ from .pipeline import damaged_outputs, decide, scan_digest_of, settings_digest
 from .run import Reading, workspace_config
 from .scan import scan
 from .stages import STAGES
-from .state import Manifest, compare_documents, decomposed, documents_status, failed_items, indexed_state
+from .state import (
+    Manifest,
+    cache_loss,
+    compare_documents,
+    decomposed,
+    documents_status,
+    failed_items,
+    indexed_state,
+)
 
 
 def stats(workspace: str | Path, verify: bool = False) -> dict:
@@ -65,6 +73,12 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
             raise DamagedError(f"workspace file {ws.cache_path} is damaged ({problem[:160]}); "
                                f"`noderag index {ws.root} --input {manifest.input or 'FOLDER'}` keeps what is "
                                "readable and rebuilds the rest")
+        loss = cache_loss(ws, manifest)
+        if loss is not None:
+            message, paid = loss
+            raise DamagedError(f"{message}; restore it from a backup, or `noderag index {ws.root} --input "
+                               f"{manifest.input or 'FOLDER'}{' --accept-cache-loss' if paid else ''}` computes "
+                               f"{'(and pays for) ' if paid else ''}what it held again")
     report["nodes"] = {t: report["nodes"].get(t, 0) for t in NODE_TYPES}
     documents = documents_status(ws, workspace_config(ws))
     by_status: dict[str, int] = {}
@@ -128,7 +142,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
                           if entry.failure],
               "chunks": {"in_changed_documents": len(new_chunks), "to_decompose": to_decompose},
               "stages": stages}
-    if config.llm.engine != "offline":
+    if config.paid():
         from .estimate import estimate_llm
 
         result["llm"] = estimate_llm(ws, Path(input_folder), config)

@@ -34,6 +34,9 @@ Actions (strings):
     cut_off          a good reply cut in half with finish_reason "length" (the output limit reached)
     cite             an answer citing context lines [1], [2] and [99] (the last numbers no line)
 
+`FaultServer(token_factor=N)` bills N times the tokens it would (a provider whose tokenizer counts
+many more tokens than the bundled one), in chat and embedding usage alike.
+
 Every request is recorded (`server.records`): arrival time (time.monotonic), path, action,
 status, parsed body and the usage figures returned. With `upstream="http://host:port"` good
 replies are forwarded to that server (e.g. llama.cpp), which makes this a counting proxy.
@@ -173,8 +176,10 @@ def _usage(body: dict, content: str) -> dict:
 
 
 class FaultServer:
-    def __init__(self, default: str = "good", upstream: str | None = None, embed_dim: int = 16, port: int = 0):
+    def __init__(self, default: str = "good", upstream: str | None = None, embed_dim: int = 16, port: int = 0,
+                 token_factor: int = 1):
         self.default = default
+        self.token_factor = token_factor  # a provider that counts this many times the tokens it is sent
         self._port = port
         self.upstream = upstream.rstrip("/") if upstream else None
         self.embed_dim = embed_dim
@@ -338,7 +343,7 @@ class FaultServer:
         }.get(kind)
         if content is None:
             return 500, {"error": {"message": f"unknown scripted action {action!r}"}}, {}
-        usage = _usage(body, content)
+        usage = {key: value * self.token_factor for key, value in _usage(body, content).items()}
         usage["completion_tokens"] += hidden
         usage["total_tokens"] += hidden
         return 200, {
@@ -357,7 +362,7 @@ class FaultServer:
         for index, text in enumerate(inputs):
             digest = hashlib.blake2b(str(text).encode(), digest_size=self.embed_dim).digest()
             data.append({"object": "embedding", "index": index, "embedding": [b / 255 - 0.5 for b in digest]})
-        tokens = sum(len(str(t).split()) for t in inputs)
+        tokens = sum(len(str(t).split()) for t in inputs) * self.token_factor
         return 200, {"object": "list", "data": data, "model": body.get("model", "fault-embed"),
                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, {}
 
