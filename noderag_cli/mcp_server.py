@@ -6,10 +6,18 @@ opened once and answers many calls; before each call the server reads CURRENT, a
 sees updates without a restart (a build being searched is never removed under it: generations).
 Read-only, like `query`. Bad arguments (a negative budget, an unknown node) are tool errors the
 agent reads; the server keeps running.
+
+The stdio transport is the SDK's, fed through `_Lines` and `_Output`: a line that is not JSON-RPC
+gets the error reply JSON-RPC prescribes (-32700, -32600) instead of silence; when the client
+closes stdin, every request already read is answered before the server exits (`requests |
+noderag mcp` gets every reply); a client that goes away mid-reply ends the server quietly.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -123,10 +131,134 @@ def build_server(searcher: Searcher) -> Any:
     return server
 
 
+DRAIN_SECONDS = 600.0  # after stdin closes, how long requests already read may take to be answered
+
+
+class _Output:
+    """The server's stdout for the SDK's stdio transport: each reply written whole, the requests it
+    answers struck from `pending`; a closed pipe (the client gone) ends the serving, quietly."""
+
+    def __init__(self, pending: dict, changed, closed):
+        self.pending, self.changed, self.closed = pending, changed, closed
+
+    async def write(self, text: str) -> None:
+        import anyio
+
+        if self.closed.is_set():
+            return
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = {}
+        data = text.encode("utf-8")
+        try:
+            while data:
+                written = await anyio.to_thread.run_sync(os.write, sys.stdout.fileno(), data)
+                data = data[written:]
+        except OSError:  # EPIPE: nobody reads the replies any more
+            self.closed.set()
+        if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
+            self.pending.pop(json.dumps(message["id"]), None)
+        self.changed.set()
+
+    async def flush(self) -> None:
+        return None
+
+    async def error(self, request_id: Any, code: int, message: str) -> None:
+        """A JSON-RPC error reply written by the transport itself (to a line the SDK cannot read)."""
+        await self.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+                         + "\n")
+
+
+class _Lines:
+    """The client's stdin for the SDK's stdio transport, line by line: JSON-RPC messages go on, the
+    ids of requests are kept in `pending` until answered, a line that is not a message is answered
+    with a JSON-RPC error here; at the end of input, lines end only once every pending request has
+    its reply (or the client is gone)."""
+
+    def __init__(self, output: _Output, pending: dict, changed, closed):
+        self.output, self.pending, self.changed, self.closed = output, pending, changed, closed
+        self.stream = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        import anyio
+        import mcp_types as types
+
+        while True:
+            raw = await anyio.to_thread.run_sync(self.stream.readline) if not self.closed.is_set() else b""
+            if not raw:
+                await self._drain()
+                raise StopAsyncIteration
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError as err:
+                await self.output.error(None, -32700, f"Parse error: {err}")
+                continue
+            try:
+                types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+            except Exception:
+                request_id = message.get("id") if isinstance(message, dict) else None
+                await self.output.error(request_id if isinstance(request_id, (str, int)) else None, -32600,
+                                        "Invalid Request: not a JSON-RPC 2.0 request, notification or response")
+                continue
+            if isinstance(message, dict) and "method" in message and "id" in message:
+                self.pending[json.dumps(message["id"])] = message["method"]
+            elif isinstance(message, dict) and message.get("method") == "notifications/cancelled":
+                self.pending.pop(json.dumps((message.get("params") or {}).get("requestId")), None)
+            return line
+
+    async def _drain(self) -> None:
+        """Wait until every request read has been answered (at most DRAIN_SECONDS)."""
+        import anyio
+
+        with anyio.move_on_after(DRAIN_SECONDS):
+            while self.pending and not self.closed.is_set():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def _serve_stdio(server: Any) -> None:
+    """`server` (an MCPServer) over this process's stdin and stdout (module docstring)."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    pending: dict[str, str] = {}
+
+    class _Changed:  # an anyio Event cannot be set twice: one that can be cleared and waited on again
+        def __init__(self):
+            self.event = anyio.Event()
+
+        def set(self):
+            self.event.set()
+
+        def clear(self):
+            if self.event.is_set():
+                self.event = anyio.Event()
+
+        async def wait(self):
+            await self.event.wait()
+
+    changed = _Changed()
+    closed = threading.Event()
+    output = _Output(pending, changed, closed)
+    lines = _Lines(output, pending, changed, closed)
+    async with stdio_server(stdin=lines, stdout=output) as (read_stream, write_stream):
+        lowlevel = server._lowlevel_server
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
 def serve(workspace: Path) -> None:
     """Serve the workspace over stdio until the client closes it."""
+    import anyio
+
     searcher = Searcher(workspace)
     try:
-        build_server(searcher).run("stdio")
+        anyio.run(_serve_stdio, build_server(searcher))
     finally:
         searcher.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 from .files import write_output
@@ -27,6 +28,34 @@ TYPE_NAMES = {"T": "text chunk", "S": "semantic unit", "A": "attribute", "H": "h
               "N": "entity", "O": "overview"}
 COLUMN_WIDTH, ROW_HEIGHT, LEFT, TOP, LABEL_CHARS = 250, 26, 30, 40, 30
 QUESTION = "question"
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters that reorder the text shown after them (U+202E shows what follows reversed): shown as
+their code instead, so a document or a question cannot make the page show other text than it holds."""
+
+
+def _visible(text: str) -> str:
+    return _BIDI.sub(lambda m: f"\u2039U+{ord(m.group()):04X}\u203a", text)
+
+
+def _escape(text: str) -> str:
+    """Text as HTML: escaped, and its reordering characters visible (`_BIDI`)."""
+    return html.escape(_visible(text))
+
+
+def _script_json(value) -> str:
+    """JSON to put inside a <script> element: no "<", ">" or "&" as such, so no text in it ("</script>",
+    "<!--<script>") can end the element or turn the parser's state; strings' reordering characters visible."""
+    def shown(item):
+        if isinstance(item, str):
+            return _visible(item)
+        if isinstance(item, dict):
+            return {key: shown(v) for key, v in item.items()}
+        if isinstance(item, list):
+            return [shown(v) for v in item]
+        return item
+
+    text = json.dumps(shown(value), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _layout(result: Retrieval) -> tuple[dict[str, dict], list[tuple[str, str, str]]]:
@@ -72,7 +101,7 @@ def _shown(node: RetrievedNode) -> dict:
 
 
 def _sources(node: RetrievedNode) -> str:
-    return f' <span class="source">({html.escape(", ".join(node.sources))})</span>' if node.sources else ""
+    return f' <span class="source">({_escape(", ".join(node.sources))})</span>' if node.sources else ""
 
 
 def _xy(node: dict) -> tuple[int, int]:
@@ -91,8 +120,8 @@ def _svg(nodes: dict[str, dict], edges: list[tuple[str, str, str]], index: int) 
     for a, b, kind in edges:
         (x1, y1), (x2, y2) = _xy(nodes[a]), _xy(nodes[b])
         dashes = ' stroke-dasharray="5 4"' if kind in ("vector", "similarity") else ""
-        parts.append(f'<line class="edge {html.escape(kind)}" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}"{dashes}>'
-                     f'<title>{html.escape(kind)}</title></line>')
+        parts.append(f'<line class="edge {_escape(kind)}" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}"{dashes}>'
+                     f'<title>{_escape(kind)}</title></line>')
     for node in nodes.values():
         x, y = _xy(node)
         colour = TYPE_COLOURS.get(node["type"], "#000000")
@@ -100,27 +129,27 @@ def _svg(nodes: dict[str, dict], edges: list[tuple[str, str, str]], index: int) 
         label = node["text"] if len(node["text"]) <= LABEL_CHARS else node["text"][:LABEL_CHARS - 1] + "…"
         number = f'[{node["number"]}] ' if "number" in node else ""
         parts.append(
-            f'<g class="node" data-id="{html.escape(node["id"])}" tabindex="0">'
-            f'<title>{html.escape(node["text"])}</title>'
+            f'<g class="node" data-id="{_escape(node["id"])}" tabindex="0">'
+            f'<title>{_escape(node["text"])}</title>'
             f'<circle cx="{x}" cy="{y}" r="{9 if node["type"] == "Q" else 7}" fill="{fill}" stroke="{colour}" '
             f'stroke-width="2"/>'
-            f'<text x="{x + 12}" y="{y + 4}">{html.escape(number + label)}</text></g>')
+            f'<text x="{x + 12}" y="{y + 4}">{_escape(number + label)}</text></g>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _section(result: Retrieval, index: int) -> str:
     nodes, edges = _layout(result)
-    entities = ", ".join(html.escape(e) for e in result.query_entities) or "none"
+    entities = ", ".join(_escape(e) for e in result.query_entities) or "none"
     context = "".join(
-        f'<li data-id="{html.escape(n.id)}"><span class="type" style="color:{TYPE_COLOURS.get(n.type, "#000")}">'
-        f'{n.type}</span> <span class="via">{html.escape(n.via)}</span> {html.escape(n.text)}{_sources(n)}</li>'
+        f'<li data-id="{_escape(n.id)}"><span class="type" style="color:{TYPE_COLOURS.get(n.type, "#000")}">'
+        f'{n.type}</span> <span class="via">{_escape(n.via)}</span> {_escape(n.text)}{_sources(n)}</li>'
         for n in result.nodes)
-    answer = f'<p class="answer"><b>Answer:</b> {html.escape(result.answer)}</p>' if result.answer else ""
-    data = json.dumps({"nodes": {k: {key: v[key] for key in ("id", "type", "text", "via", "sources", "path") if key in v}
-                                 for k, v in nodes.items()}}, ensure_ascii=False).replace("</", "<\\/")
+    answer = f'<p class="answer"><b>Answer:</b> {_escape(result.answer)}</p>' if result.answer else ""
+    data = _script_json({"nodes": {k: {key: v[key] for key in ("id", "type", "text", "via", "sources", "path") if key in v}
+                                   for k, v in nodes.items()}})
     return (f'<section id="q{index + 1}" class="question" data-index="{index}">'
-            f'<h2>{index + 1}. {html.escape(result.question)}</h2>'
+            f'<h2>{index + 1}. {_escape(result.question)}</h2>'
             f'<p class="entities"><b>Question entities:</b> {entities}. '
             f'<b>Context:</b> {len(result.nodes)} nodes, {result.context_tokens} tokens.</p>{answer}'
             f'<div class="panes"><div class="graph">{_svg(nodes, edges, index)}</div>'
@@ -181,12 +210,12 @@ document.querySelectorAll('section.question').forEach(function (section) {
 def render(results: list[Retrieval], title: str) -> str:
     """The page for `results` (one section per question, with a list of them when there are several)."""
     listing = "" if len(results) < 2 else "<ol>" + "".join(
-        f'<li><a href="#q{i + 1}">{html.escape(r.question)}</a></li>' for i, r in enumerate(results)) + "</ol>"
+        f'<li><a href="#q{i + 1}">{_escape(r.question)}</a></li>' for i, r in enumerate(results)) + "</ol>"
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p class=\"legend\">{_LEGEND}</p>{listing}"
+            f"<title>{_escape(title)}</title><style>{_STYLE}</style></head><body>"
+            f"<h1>{_escape(title)}</h1><p class=\"legend\">{_LEGEND}</p>{listing}"
             + "".join(_section(r, i) for i, r in enumerate(results))
             + f"<script>{_SCRIPT}</script></body></html>")
 

@@ -158,3 +158,33 @@ def test_one_page_for_a_file_of_questions(built, tmp_path):
             browser.close()
     assert problems == [] and requests == [page_file.as_uri()]
 
+
+
+def test_markup_in_a_document_or_a_question_cannot_change_the_page(tmp_path):
+    """H16: `<!--<script>` in a document or a question swallowed the rest of the page (one section of
+    three shown, clicks dead): the data is written so no text can turn the script parser; U+202E
+    (which shows what follows reversed) is shown as its code."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "odd.md").write_text("# Odd guild\n\nThe Odd Guild wrote <!--<script> and </script> in its charter of "
+                                 "1820. Its seal reads \u202eenoj kram\u202c in mirror letters.\n")
+    index(tmp_path / "ws", docs)
+    asked = ["What did the Odd Guild write <!--<script> in?", "What does the seal of the Odd Guild read\u202e?",
+             "When was the charter of the Odd Guild written?"]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question": q}) + "\n" for q in asked))
+    page_file = tmp_path / "page.html"
+    run = noderag("query", tmp_path / "ws", "--questions", questions, "--html", page_file, "--context-only")
+    assert run.returncode == 0, run.stderr
+    assert "\u202e" not in page_file.read_text()
+    with _browser() as playwright:
+        browser, page, problems, requests = _open(playwright, page_file)
+        try:
+            assert page.locator("section.question").count() == 3
+            assert "U+202E" in page.locator("section#q2 h2").inner_text()
+            for number in (1, 2, 3):
+                page.locator(f"section#q{number} ol.context li").first.click()
+                assert "Odd" in page.locator(f"section#q{number} .details").inner_text()
+        finally:
+            browser.close()
+    assert problems == [] and requests == [page_file.as_uri()]

@@ -99,3 +99,43 @@ def test_without_the_sdk_the_command_names_the_extra(built, tmp_path):
     run = noderag("mcp", built, env={"PYTHONPATH": str(shadow.parent)})
     assert run.returncode == 2
     assert_one_line_error(run, "pip install 'noderag-cli[mcp]'")
+
+
+def _init_lines(calls: int, budget: int = 300) -> list[dict]:
+    return [{"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "pipe", "version": "1"}}},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"}] + [
+        {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+         "params": {"name": "search", "arguments": {"question": f"{QUESTION} ({i})", "budget_tokens": budget}}}
+        for i in range(1, calls + 1)]
+
+
+def test_requests_piped_in_are_all_answered_and_bad_lines_get_json_rpc_errors(built):
+    """H18: `requests | noderag mcp` closes stdin with 20 calls in flight: every call is answered
+    before the server exits (it answered 2); a line that is not JSON, or not JSON-RPC, gets the error
+    reply JSON-RPC prescribes (it got nothing)."""
+    lines = [json.dumps(m) for m in _init_lines(20)] + ["this is not json", json.dumps({"jsonrpc": "2.0", "id": 99})]
+    done = subprocess.run([sys.executable, "-m", "noderag_cli.cli", "mcp", str(built)], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    answered = {r["id"]: r for r in replies if "result" in r}
+    assert set(answered) == set(range(0, 21))
+    assert all(not answered[i]["result"].get("isError") for i in range(1, 21))
+    errors = {r["id"]: r["error"]["code"] for r in replies if "error" in r}
+    assert errors == {None: -32700, 99: -32600}
+
+
+def test_a_client_that_closes_both_pipes_mid_reply_ends_the_server_quietly(built):
+    """H18: the client goes away with replies still to write: no traceback (it printed 90 lines)."""
+    server = subprocess.Popen([sys.executable, "-m", "noderag_cli.cli", "mcp", str(built)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    server.stdin.write("".join(json.dumps(m) + "\n" for m in _init_lines(30, 2000)).encode())
+    server.stdin.flush()
+    assert json.loads(server.stdout.readline())["id"] == 0
+    server.stdout.readline()
+    server.stdout.close()
+    server.stdin.close()
+    stderr = server.stderr.read().decode()
+    assert server.wait(120) == 0
+    assert stderr == "", stderr
