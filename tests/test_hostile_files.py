@@ -296,3 +296,18 @@ def test_what_is_no_document_is_skipped_and_odd_markup_is_read(tmp_path):
     from noderag_cli.readers import contained
 
     assert "Only this line repeats." in contained.extract(str(docs / "repeat.pdf"), readers.Limits()).text
+
+
+def test_a_failure_no_rerun_can_fix_is_reported_once(tmp_path):
+    """H19: the offline engine fails the same way on every run ("community too small for a
+    high-level element"): the run that meets it says so once and exits 0; no later run retries it
+    or exits 1 for it; stats lists it apart from the failures a rerun retries."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "one.md").write_text("# Note\n\nSkarra sails.\n")  # one unit: a community of one text
+    first = index(tmp_path / "ws", docs)
+    assert "item(s) have no result with the offline" in first.stderr and "failed" not in first.stderr
+    again = index(tmp_path / "ws", docs)
+    assert "no result" not in again.stderr and json.loads(again.stdout)["failures"] == 0
+    shown = noderag("stats", tmp_path / "ws", "--documents")
+    assert "items with no result" in shown.stdout and "retried by the next" not in shown.stdout
