@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     sections.append(_module_section("bench.bench_index", [*data_args, *quick], "Indexing", 3600))
     sections.append(_module_section("bench.bench_formats", ["--work", str(args.work / "formats"), *quick],
                                     "Document formats", 3600))
+    sections.append(_module_section("bench.bench_hardening", ["--work", str(args.work / "hardening"), *quick],
+                                    "What hostile input costs", 3600))
     sections.append(_module_section("bench.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
     sections.append(_module_section("bench.bench_startup", [], "Start-up", 600))
