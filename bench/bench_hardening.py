@@ -71,7 +71,7 @@ def _write_text_pdf(path: Path, title: str, parts: list[make.Section]) -> None:
 
 
 def _document(folder: Path, kind: str, megabytes: float) -> Path:
-    path = folder / f"prose-{megabytes:g}mb.{kind}"
+    path = folder / f"prose-{megabytes:g}mb-{SECTIONS_PER_MB}.{kind}"  # (the generator's scale in the name)
     if path.is_file():
         return path
     parts = _prose(megabytes)

@@ -23,16 +23,19 @@ from pathlib import Path
 
 from noderag_cli import api
 from noderag_cli.evaluate.datasets import is_yes_no, load_hotpotqa, load_musique
-from noderag_cli.evaluate.metrics import answer_contained, support_recall
+from noderag_cli.evaluate.metrics import answer_contained, exact_match, support_recall, token_f1
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = (500, 1000, 2000)
 ANSWER_BUDGET = 1000
 ROUNDS = 3
-BEFORE = {"exact_share": None, "second_round_chunks": 0, "document_diversity": 1.0}
+BEFORE = {"exact_share": None, "second_round_chunks": 0, "document_diversity": 1.0, "whole_chunks": 0,
+          "asked_kind_weight": 0.0}
 """The search as it was before the multi-hop settings (issue 25), on the same graph."""
+MULTIHOP = {"whole_chunks": 0, "asked_kind_weight": 0.0}
+"""The search as the multi-hop settings left it, before what a reader gets (issue 36)."""
 SENSITIVITY = [("exact_share", (0.2, 0.5)), ("second_round_chunks", (1, 3)), ("second_round_share", (0.3, 0.7)),
-               ("document_diversity", (0.25, 0.6))]
+               ("document_diversity", (0.25, 0.6)), ("whole_chunks", (1, 4)), ("asked_kind_weight", (0.25, 1.0))]
 
 
 def musique_hops(data: Path, corpus: Path) -> tuple[list, list[list[str]]]:
@@ -63,7 +66,7 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
         params = session.search_settings(**changes, budget_tokens=budget)
         per_hop: dict[int, list[bool]] = {}
         all_gold, contained, recall, latency = [], [], [], []
-        answers_in, answer_words = [], []
+        answers_in, answer_words, shorts_in, matches, f1s = [], [], [], [], []
         for question, question_hops in zip(questions, hops, strict=True):
             timings = []
             for _ in range(rounds):
@@ -78,9 +81,14 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
             recall.append(support_recall(retrieval, question.supporting_documents) or 0.0)
             latency.append(statistics.median(timings))
             if budget == ANSWER_BUDGET and not is_yes_no(question):
-                body = session.retriever.answer(retrieval).answer.replace("[offline extractive answer]", "")
+                answered = session.retriever.answer(retrieval)
+                body = answered.answer.replace("[offline extractive answer]", "")
                 answers_in.append(answer_contained(body, question.answers))
                 answer_words.append(len(body.split()))
+                short = answered.short_answer or ""
+                shorts_in.append(answer_contained(short, question.answers))
+                matches.append(exact_match(short, question.answers))
+                f1s.append(token_f1(short, question.answers))
         out[budget] = {
             "hops": [(sum(v), len(v)) for _, v in sorted(per_hop.items())],
             "all_gold": (sum(all_gold), len(all_gold)),
@@ -90,6 +98,7 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
         }
         if answers_in:
             out[budget]["answer"] = (sum(answers_in), len(answers_in), statistics.median(answer_words))
+            out[budget]["short"] = (sum(shorts_in), sum(matches), statistics.mean(f1s))
     return out
 
 
@@ -107,23 +116,28 @@ def _dataset(dataset: str, data: Path, work: Path):
 
 def _row(dataset: str, name: str, budget: int, figures: dict) -> str:
     hops = " / ".join(f"{hit}" for hit, _ in figures["hops"]) if figures["hops"] else "-"
-    answer = figures.get("answer")
+    answer, short = figures.get("answer"), figures.get("short")
     answer_text = f"{answer[0]}/{answer[1]} ({answer[2]:.0f} words)" if answer else ""
+    short_text = f"{short[0]}/{answer[1]} (EM {short[1]}, F1 {short[2]:.3f})" if short and answer else ""
     return (f"| {dataset} | {budget} | {name} | {hops} | {figures['all_gold'][0]}/{figures['all_gold'][1]} | "
-            f"{figures['containment']:.3f} | {figures['recall']:.3f} | {figures['latency_p50']:.2f} | {answer_text} |")
+            f"{figures['containment']:.3f} | {figures['recall']:.3f} | {figures['latency_p50']:.2f} | {answer_text} | "
+            f"{short_text} |")
 
 
 def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int) -> list[str]:
     lines = ["## Multi-hop retrieval and the offline answer", "",
              "Offline engine, default settings (`search.exact_share`, `second_round_chunks`, `second_round_share`, "
-             "`document_diversity`: search/rounds.py, search/context.py) against the same search without them "
-             f"(`before`: {', '.join(f'{k}={v}' for k, v in BEFORE.items())}) on the same workspaces, in the same run. "
+             "`document_diversity`, `whole_chunks`, `asked_kind_weight`: search/rounds.py, search/context.py) against "
+             f"the same search without them (`before`: {', '.join(f'{k}={v}' for k, v in BEFORE.items())}) and without "
+             f"the last two (`multi-hop`: {', '.join(f'{k}={v}' for k, v in MULTIHOP.items())}), on the same "
+             "workspaces, in the same run. "
              "Hops: questions whose hop-k passage is in the context (MuSiQue's question_decomposition; of 100, "
              "the third of 32, the fourth of 5). All gold: every supporting passage in the context. Answer: the "
-             "offline extractive answer holds the gold answer (yes/no left out), its median length. Latency: "
+             "offline extractive answer holds the gold answer (yes/no left out), its median length; short answer: "
+             "the answer's short answer holds it, and its exact match and token F1 (SQuAD's). Latency: "
              f"retrieval only, median of {rounds} rounds per question, then over questions, compiled kernels.", "",
              "| set | budget | search | hops 1 / 2 / 3 / 4 | all gold | answer containment | support recall | "
-             "latency p50 ms | offline answer |", "|---|---|---|---|---|---|---|---|---|"]
+             "latency p50 ms | offline answer | short answer |", "|---|---|---|---|---|---|---|---|---|---|"]
     ratios, spread = [], []
     for dataset in ("musique", "hotpotqa"):
         if not (data / dataset / "corpus.json").is_file():
@@ -132,9 +146,11 @@ def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int
         questions, hops, ws = _dataset(dataset, data, work)
         with api.open_workspace(ws) as session:
             before = measure(session, questions, hops, BEFORE, rounds)
+            multihop = measure(session, questions, hops, {**MULTIHOP, **changes}, rounds)
             now = measure(session, questions, hops, changes, rounds)
             for budget in BUDGETS:
                 lines.append(_row(dataset, "before", budget, before[budget]))
+                lines.append(_row(dataset, "multi-hop", budget, multihop[budget]))
                 lines.append(_row(dataset, "noderag", budget, now[budget]))
                 ratios.append((dataset, budget, now[budget]["latency_p50"] / before[budget]["latency_p50"]))
             if sensitivity:
@@ -147,7 +163,7 @@ def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int
     if spread:
         lines += ["", "Each new setting moved either side of its default (1,000 tokens; latency of one round):", "",
                   "| set | budget | search | hops 1 / 2 / 3 / 4 | all gold | answer containment | support recall | "
-                  "latency p50 ms | offline answer |", "|---|---|---|---|---|---|---|---|---|", *spread]
+                  "latency p50 ms | offline answer | short answer |", "|---|---|---|---|---|---|---|---|---|---|", *spread]
     return lines
 
 

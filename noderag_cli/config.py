@@ -159,6 +159,13 @@ class SearchConfig(_Section):
     document_diversity: float = Field(
         0.4, gt=0, le=1, description="the context takes a node's score times this for every node already taken from "
         "its document, so it covers more passages (1: by score alone, the paper)")
+    asked_kind_weight: float = Field(
+        0.5, ge=0, description="a unit that holds a value of the kind the question asks for (a date for 'when', a "
+        "number for 'how many') counts its similarity 1 + this times (0: off; search/context.py)")
+    whole_chunks: int = Field(
+        2, ge=0, description="the best documents (this many) whose chunk costs at most three times the units of it "
+        "the context holds are shown as that chunk, in place of its scattered units, funded by summaries, relationships "
+        "and the second units of other documents, never by a document's only unit (0: off; search/context.py)")
     use_exact: bool = True
     use_vector: bool = True
     clustered_from: int = Field(

@@ -139,9 +139,9 @@ class Executor:
                 result = self._get_pool().submit(function, batches[position]).result()
             except BrokenProcessPool:
                 self.close()
-                why = "its worker process was killed three times while running it (out of memory?)"
+                why = "its worker process died three times while running it (killed: out of memory?)"
                 if lost is None:
-                    raise WorkerLostError("a worker process was killed three times on the same work (out of "
+                    raise WorkerLostError("a worker process died three times on the same work (killed: out of "
                                           "memory?); run the command again to go on from what finished") from None
                 result = lost(batches[position], why)
             settle(position, result)

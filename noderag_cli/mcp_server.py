@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from . import api
 from .errors import InputError, NoderagError, QueryError
@@ -28,8 +28,9 @@ from .workspace import Workspace
 
 NEIGHBOURS_SHOWN = 25
 INSTRUCTIONS = ("Search a NodeRAG knowledge graph built from a folder of documents. `search` returns the context "
-                "(and optionally an answer) for a question, each node with its documents and how the search reached "
-                "it; `node` shows one node and its neighbours; `document` lists a document's text chunks.")
+                "(and optionally an answer) for a question as text to read, each node with its sources, numbered "
+                "[n]; the full record (ids, scores, places, how the search reached each node) is its structured "
+                "content. `node` shows one node and its neighbours; `document` lists a document's text chunks.")
 
 
 class Searcher:
@@ -51,12 +52,13 @@ class Searcher:
             old.close()
         return self.session
 
-    def search(self, question: str, budget_tokens: int | None = None, answer: bool = False) -> dict:
+    def search(self, question: str, budget_tokens: int | None = None, answer: bool = False) -> tuple[str, dict]:
+        """(the context as a reader reads it, the full record)."""
         with self.lock:
             session = self._current()
             params = session.search_settings(**({} if budget_tokens is None else {"budget_tokens": budget_tokens}))
             result = session.ask(question, answer=answer, params=params, explain=True)
-            return {"generation": session.generation, **result.as_dict()}
+            return reading(result), {"generation": session.generation, **result.as_dict()}
 
     def node(self, node_id: str) -> dict:
         with self.lock:
@@ -89,6 +91,49 @@ class Searcher:
             self.session.close()
 
 
+def reading(result) -> str:
+    """A search result as an agent reads it: the short answer and the answer when asked, then each
+    context node's text with its sources (each named in full once, then by a mark: "s2"), numbered in
+    order; nothing of ids, scores or paths, which the structured content holds (an agent pays for
+    every character of the text in its own window)."""
+    lines = []
+    if result.answer is not None:
+        if result.short_answer:
+            lines.append(f"Short answer: {result.short_answer}")
+        lines += [f"Answer: {result.answer}", ""]
+    lines.append(f"Context ({len(result.nodes)} nodes, {result.context_tokens} tokens):" if result.nodes
+                 else "Context: nothing in the workspace matched this question.")
+    named: dict[str, str] = {}  # a source, named in full where it first appears, then by its mark
+
+    def source(name: str) -> str:
+        if name in named:
+            return named[name]
+        named[name] = f"s{len(named) + 1}"
+        return f"{named[name]}: {name}"
+
+    for number, node in enumerate(result.nodes, 1):
+        sources = "; ".join(source(name) for name in node.sources)
+        lines.append(f"[{number}] {node.text}" + (f" ({sources})" if sources else ""))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+class SearchRecord(TypedDict, total=False):
+    """The structured content of `search` (its declared output schema): `query --json`'s record."""
+
+    generation: str
+    question: str
+    answer: str | None
+    short_answer: str | None
+    context_tokens: int
+    query_entities: list[str]
+    nodes: list[dict[str, Any]]
+    path_nodes: list[dict[str, Any]]
+    entry_points: dict[str, list[str]]
+    timings: dict[str, float]
+    citations: list[dict[str, Any]]
+    invalid_citations: int
+
+
 def require_sdk() -> None:
     """InputError (exit 2, one line) when the MCP SDK is not installed: before the workspace is opened."""
     try:
@@ -102,6 +147,7 @@ def build_server(searcher: Searcher) -> Any:
     require_sdk()
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import CallToolResult, TextContent
 
     server = MCPServer("noderag", instructions=INSTRUCTIONS, log_level="WARNING")  # stderr stays quiet
 
@@ -111,12 +157,20 @@ def build_server(searcher: Searcher) -> Any:
         except NoderagError as err:
             raise ToolError(str(err)) from None
 
-    @server.tool()
-    def search(question: str, budget_tokens: int | None = None, answer: bool = False) -> dict:
-        """The context for a question from the workspace's graph: nodes (text, documents, places, how
-        the search reached them), in the order an answer reads them. budget_tokens: the context's size
-        (the workspace's setting when omitted). answer: also write an answer with the workspace's engine."""
-        return tool_errors(lambda: searcher.search(question, budget_tokens, answer))
+    def search(question: str, budget_tokens: int | None = None,
+               answer: bool = False) -> Annotated[CallToolResult, SearchRecord]:
+        """The context for a question from the workspace's graph, as text: each node's text with its
+        sources, numbered, in the order an answer reads them (the structured content holds the full
+        record: ids, scores, places, how the search reached each node). budget_tokens: the context's
+        size (the workspace's setting when omitted). answer: also write an answer with the workspace's
+        engine, its short answer first."""
+        text, record = tool_errors(lambda: searcher.search(question, budget_tokens, answer))
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=record)
+
+    # the annotations as objects (this module's are strings, and the SDK is imported here only)
+    search.__annotations__ = {"question": str, "budget_tokens": int | None, "answer": bool,
+                              "return": Annotated[CallToolResult, SearchRecord]}
+    server.tool()(search)
 
     @server.tool()
     def node(node_id: str) -> dict:

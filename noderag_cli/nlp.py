@@ -353,3 +353,28 @@ def keywords(term_lists: Sequence[list[str]], idf: dict[str, float], k: int = 4)
     tf = Counter(t for text_terms in term_lists for t in text_terms)
     scored = ((count * idf[term], term) for term, count in tf.items())
     return [term for _, term in heapq.nsmallest(k, scored, key=lambda x: (-x[0], x[1]))]
+
+
+# --- what a question asks for -------------------------------------------------------------
+_ASKS = (  # what a wh-phrase asks for; at the same place, the first pattern wins
+    (re.compile(r"\b(?:when|what year|which year|what date|in what year)\b"), "date"),
+    (re.compile(r"\bhow (?:many|much|long|old|far|tall|high|large|big)\b"), "number"),
+    (re.compile(r"\b(?:who|whom|whose|where)\b"), "name"),
+)
+VALUE_BITS = {"date": 1, "number": 2}
+"""The kinds of value a text may hold, as bits (`value_kinds`; the search keeps them per unit)."""
+_DIGIT = re.compile(r"\d")
+
+
+def asked_kind(question: str) -> str:
+    """"date", "number", "name" or "any": what the question's first wh-phrase asks for (a later one
+    belongs to a clause inside it: "how many ... when he died")."""
+    folded = question.casefold()
+    found = [(match.start(), order, kind) for order, (pattern, kind) in enumerate(_ASKS)
+             for match in [pattern.search(folded)] if match]
+    return min(found)[2] if found else "any"
+
+
+def value_kinds(text: str) -> int:
+    """The kinds of value a text holds, as `VALUE_BITS`: a date or year, a number."""
+    return (VALUE_BITS["date"] if _DATE.search(text) else 0) | (VALUE_BITS["number"] if _DIGIT.search(text) else 0)

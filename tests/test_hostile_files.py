@@ -206,7 +206,7 @@ def test_a_worker_killed_while_reading_costs_that_document_only(tmp_path):
         watcher.join()
     assert killed, "no worker was seen reading victim.pdf"
     assert "Traceback" not in run.stderr and "BrokenProcessPool" not in run.stderr
-    assert "victim.pdf: its worker process was killed three times while running it (out of memory?)" in run.stderr
+    assert "victim.pdf: its worker process died three times while running it (killed: out of memory?)" in run.stderr
     statuses = _statuses(tmp_path / "ws")
     assert statuses.pop("victim.pdf")[0] == "failed"
     assert {status for status, _ in statuses.values()} == {"indexed"} and len(statuses) == 8

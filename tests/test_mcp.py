@@ -25,9 +25,12 @@ def _client(workspace: Path) -> Client:
 
 
 async def _call(client: Client, tool: str, **arguments) -> tuple[bool, object]:
+    """(failed, the record: `search`'s structured content, the other tools' JSON text; or the error)."""
     result = await client.call_tool(tool, arguments)
     text = result.content[0].text
-    return result.is_error, text if result.is_error else json.loads(text)
+    if result.is_error:
+        return True, text
+    return False, result.structured_content if tool == "search" else json.loads(text)
 
 
 def _query_ids(workspace: Path, budget: int) -> list[str]:
@@ -139,3 +142,28 @@ def test_a_client_that_closes_both_pipes_mid_reply_ends_the_server_quietly(built
     stderr = server.stderr.read().decode()
     assert server.wait(120) == 0
     assert stderr == "", stderr
+
+
+def test_search_reads_as_a_context_and_carries_the_record_as_structured_content(built):
+    """Issue 36: the text block is the context as a reader reads it (the short answer when asked,
+    then each node's text with its sources, numbered), about 1.3 times the context's tokens at most
+    (it was the whole JSON record, 9 times); the record is the structured content, under a declared
+    output schema, equal to `query --json`'s."""
+    from noderag_cli import nlp
+
+    async def session():
+        async with _client(built) as client:
+            search = next(t for t in (await client.list_tools()).tools if t.name == "search")
+            assert {"nodes", "short_answer", "context_tokens"} <= set(search.output_schema["properties"])
+            result = await client.call_tool("search", {"question": QUESTION, "budget_tokens": 1000, "answer": True})
+            text, record = result.content[0].text, result.structured_content
+            assert text.startswith("Short answer: Harlow Ferry\n") and record["short_answer"] == "Harlow Ferry"
+            plain = await client.call_tool("search", {"question": QUESTION, "budget_tokens": 1000})
+            text, record = plain.content[0].text, plain.structured_content
+            assert [n["id"] for n in record["nodes"]] == _query_ids(built, 1000)
+            assert '"id"' not in text and "S_" not in text  # no ids, scores or paths in what the agent reads
+            for number, node in enumerate(record["nodes"], 1):
+                assert f"[{number}] {node['text']}" in text
+            assert nlp.count_tokens([text])[0] <= 1.3 * record["context_tokens"]
+
+    anyio.run(session)

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import yaml
 from conftest import SAMPLE_CORPUS, index
 
-from noderag_cli import api
+from noderag_cli import api, nlp
 from noderag_cli.engines import extractive
 from noderag_cli.engines.base import ChunkInput
 from noderag_cli.engines.offline import decompose_chunk
@@ -161,11 +161,11 @@ def test_the_offline_answer_quotes_each_passage_once_while_others_remain():
 
 
 def test_what_the_question_asks_for():
-    assert extractive.asks_for("How many stores are in the state where he lived when he died?") == "number"
-    assert extractive.asks_for("When was the society founded?") == "date"
-    assert extractive.asks_for("In what year did the railway open?") == "date"
-    assert extractive.asks_for("Who founded the observatory?") == "name"
-    assert extractive.asks_for("What kind of university is it?") == "any"
+    assert nlp.asked_kind("How many stores are in the state where he lived when he died?") == "number"
+    assert nlp.asked_kind("When was the society founded?") == "date"
+    assert nlp.asked_kind("In what year did the railway open?") == "date"
+    assert nlp.asked_kind("Who founded the observatory?") == "name"
+    assert nlp.asked_kind("What kind of university is it?") == "any"
 
 
 @pytest.mark.llm

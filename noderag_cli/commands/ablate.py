@@ -81,7 +81,7 @@ def ablate(
     \b
     Strategies: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, graph-vector,
       no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, uniform-start, one-round,
-      no-diversity
+      no-diversity, no-whole-chunks, no-asked-kind
     Baselines: naive, hyde, lightrag-local, lightrag-global, lightrag-hybrid,
       graphrag-local, graphrag-global, hipporag
     Seed systems: archrag, archrag-single-layer, archrag-leiden,

@@ -128,6 +128,11 @@ class Engine:
     def answer(self, question: str, context: str) -> str:
         raise NotImplementedError
 
+    def answer_parts(self, question: str, context: str) -> tuple[str | None, str]:
+        """(the short answer, or None when the engine gives none or the context holds none; the
+        answer as printed). An LLM's answer is one text: no short answer of its own."""
+        return None, self.answer(question, context)
+
     def answer_batch(self, items: Sequence[tuple[str, str]], progress: Advance | None = None) -> list[str | Failure]:
         """Answers for (question, context) pairs (evaluation runs); an engine with network calls
         makes them concurrently."""

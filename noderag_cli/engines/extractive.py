@@ -29,12 +29,14 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import nlp
 
 LABEL = "[offline extractive answer]"
+TITLE_WORDS = 12  # a chunk's first line of at most this many words, with no full stop, is its title
 NOT_FOUND = f"{LABEL} Not found in the context: it holds nothing on what the question asks."
 MAX_SENTENCES = 3
 MAX_WORDS = 60
@@ -46,12 +48,6 @@ _START = re.compile(r"^(?:\[\d+\] )?\[[A-Z]\] ")
 _NODE = re.compile(r"^(?:\[\d+\] )?\[([A-Z])\]\s*(.*?)(?:\s*\(from ([^()]*)\))?$", re.DOTALL)
 _SUBJECT = re.compile(r"^([^:.!?]{1,120}): ")
 _WORDS = re.compile(r"\w+")
-_DIGIT = re.compile(r"\d")
-_ASKS = (  # what a wh-phrase asks for; at the same place, the first pattern wins
-    (re.compile(r"\b(?:when|what year|which year|what date|in what year)\b"), "date"),
-    (re.compile(r"\bhow (?:many|much|long|old|far|tall|high|large|big)\b"), "number"),
-    (re.compile(r"\b(?:who|whom|whose|where)\b"), "name"),
-)
 
 
 def _key(name: str) -> str:
@@ -65,7 +61,8 @@ def _stems(text: str) -> set[str]:
 def sentences_of(context: str) -> list[tuple[str, str, str]]:
     """(sentence, its documents, the subject it is prefixed with) for each sentence of the context's
     nodes (a node starts a line with "[T] ", "[S] "..., a chunk's text runs over several lines, the
-    last ends with its sources). Only units and chunks are quoted: a relationship ("[R] a relation b")
+    last ends with its sources). A chunk's sentences take its title (its first line, or its first
+    heading) as their subject, as units carry theirs ("Subject: sentence"). Only units and chunks are quoted: a relationship ("[R] a relation b")
     is a fragment, and attributes and high-level elements ("[A]", "[H]") are summaries that join
     pieces of several passages under one list of sources."""
     nodes: list[list[str]] = []
@@ -80,39 +77,37 @@ def sentences_of(context: str) -> list[tuple[str, str, str]]:
         if not match or match.group(1) not in "ST":
             continue
         body, source = match.group(2), match.group(3) or ""
+        title = ""
+        if match.group(1) == "T":  # a chunk opens with its document's title: the subject of its sentences
+            first, _, rest = body.partition("\n")
+            heading = nlp.strip_markdown(first.strip())
+            if rest.strip() and heading and len(heading.split()) <= TITLE_WORDS and not heading.endswith((".", "!", "?")):
+                title, body = heading, rest
         for block in nlp.paragraphs(body):
             if block.startswith("#"):
+                title = title or nlp.strip_markdown(block)
                 continue  # a heading
             text = nlp.strip_markdown(block)
             subject = _SUBJECT.match(text)
             for sentence in nlp.split_sentences(text):
                 if len(sentence.split()) >= 3:
-                    found.append((sentence, source, subject.group(1) if subject else ""))
+                    found.append((f"{title}: {sentence}" if title and not subject else sentence, source,
+                                  subject.group(1) if subject else title))
     return found
-
-
-def asks_for(question: str) -> str:
-    """"date", "number", "name" or "any": what the question's first wh-phrase asks for (a later one
-    belongs to a clause inside it: "how many ... when he died")."""
-    folded = question.casefold()
-    found = [(match.start(), order, kind) for order, (pattern, kind) in enumerate(_ASKS)
-             for match in [pattern.search(folded)] if match]
-    return min(found)[2] if found else "any"
 
 
 def _holds(kind: str, sentence: str, new_names: int) -> bool:
     """Whether a sentence holds what the question asks for (a name: one the question does not give)."""
-    if kind == "date":
-        return bool(nlp._DATE.search(sentence))
-    if kind == "number":
-        return bool(_DIGIT.search(sentence))
+    if kind in ("date", "number"):
+        return bool(nlp.value_kinds(sentence) & nlp.VALUE_BITS[kind])
     if kind == "name":
         return new_names > 0
     return True
 
 
-def _levels(question: str, names: list[set[str]]) -> np.ndarray:
-    """Per sentence, the deepest chain level of the entities it names (see the module docstring)."""
+def _levels(question: str, names: list[set[str]]) -> tuple[np.ndarray, dict[str, int]]:
+    """Per sentence, the deepest chain level of the entities it names (see the module docstring);
+    and the level of each entity the chain reached."""
     asked = _key(question)
     level = {name: 0 for name in {_key(span[2]) for span in nlp.find_entities(question)} if name}
     level.update({name: 0 for found in names for name in found if len(name) > 2 and f" {name} " in f" {asked} "})
@@ -125,7 +120,7 @@ def _levels(question: str, names: list[set[str]]) -> np.ndarray:
             for name in names[i] - set(level):
                 level[name] = depth + 1
                 frontier.add(name)
-    return np.array([max((level.get(name, 0) for name in found), default=0) for found in names], float)
+    return np.array([max((level.get(name, 0) for name in found), default=0) for found in names], float), level
 
 
 def _about_the_question(question: str, texts: list[str], stems: list[set[str]], question_stems: set[str]) -> bool:
@@ -139,12 +134,157 @@ def _about_the_question(question: str, texts: list[str], stems: list[set[str]], 
     return max(len(each & question_stems) for each in stems) >= 2
 
 
+_AUXILIARY = frozenset("is was are were be been did does do has had have can could will would may might shall should "
+                       "the a an".split())
+_HEAD_ENDS = frozenset("of in on at by for from to with that which who whom whose where when than as and or "
+                       "is was are were did does do has had have can could will would".split())
+_KIND_OF = frozenset("kind type sort form".split())
+_NUMBER_SPAN = re.compile(r"\b\d[\d,]*(?:\.\d+)?(?:\s+(?!(?:in|of|and|or|the|a|to|at|on|by|for)\b)[a-z]+)?")
+HEAD_WEIGHT = 0.4
+"""Bonus of a candidate value that holds the question's head noun, half of it for one beside it
+("which village" ... "Harlow Ferry, a village")."""
+GENERIC_WEIGHT = 0.1  # per log of the sentences naming a candidate
+NEARBY_WEIGHT, NEARBY_WORDS = 0.1, 8  # the question's words within this many words of a candidate
+MEASURES = frozenset("number amount population percentage percent total size height length area distance age count "
+                     "depth width weight".split())
+"""Head nouns that ask for a quantity ("what was the population of ...")."""
+SHORT_WORDS = 8
+HEADER_WORDS = 3  # "From the context:" between the short answer and its sentences
+
+
+def head_noun(question: str) -> str:
+    """The noun the question's wh-phrase asks about ("village" in "In which village was ...", "language"
+    in "What is the native language of ..."), "" for none."""
+    words = _WORDS.findall(question.casefold())
+    for position, word in enumerate(words):
+        if word not in ("which", "what", "whose"):
+            continue
+        phrase, kind_of = [], False
+        for following in words[position + 1:]:
+            if following in _KIND_OF and not phrase:
+                kind_of = True
+                continue
+            if following == "of" and kind_of and not phrase:
+                continue
+            if following in _AUXILIARY and not phrase:
+                continue
+            if following in _HEAD_ENDS or (phrase and following.endswith(("ed", "s"))):  # a verb begins the rest
+                break
+            phrase.append(following)
+            if len(phrase) == 2:
+                break
+        return phrase[-1] if phrase else ""
+    return ""
+
+
+def _candidates(kind: str, text: str, head: str) -> list[tuple[int, int, str]]:
+    """(start, end, surface) of the values in a sentence of the kind asked for; for a question that
+    asks "what kind of university", the words before the head noun too ("land-grant university")."""
+    if kind == "date":
+        return [(m.start(), m.end(), m.group(0)) for m in nlp._DATE.finditer(text)]
+    if kind == "number":
+        return [(m.start(), m.end(), m.group(0)) for m in _NUMBER_SPAN.finditer(text)]
+    spans = [span for span in nlp.find_entities(text) if kind != "name" or not nlp.is_value(span[2])]
+    if kind == "any" and head:
+        for match in re.finditer(rf"((?:[\w'-]+\s+){{0,3}})({re.escape(head)}s?)\b", text, re.IGNORECASE):
+            before = [w for w in match.group(1).split() if w.casefold() not in _AUXILIARY]
+            if before:
+                spans.append((match.start(2) - len(" ".join(before)) - 1, match.end(2), " ".join(before + [match.group(2)])))
+    return spans
+
+
+class _Nearby:
+    """The question's words around a span of a sentence, each weighted by its rarity in the context:
+    the words of "where was X born" stand beside the place in "X was born in Y"."""
+
+    def __init__(self, question_stems: set[str], rarity: dict[str, float]):
+        self.stems, self.rarity = question_stems, rarity
+
+    def __call__(self, text: str, start: int, end: int) -> float:
+        left = " ".join(text[:start].split()[-NEARBY_WORDS:])
+        right = " ".join(text[end:].split()[:NEARBY_WORDS])
+        return sum(self.rarity.get(stem, 0.0) for stem in _stems(f"{left} {right}") & self.stems)
+
+
+def _short_answer(question: str, kind: str, texts: list[str], names: list[set[str]], entity_level: dict[str, int],
+                  score: np.ndarray, question_words: set[str], nearby: _Nearby) -> tuple[str, int]:
+    """(the value the question asks for, the sentence it is taken from). Each span of the asked kind
+    that the question does not itself name scores its sentence's score, and more where it stands
+    beside the question's head noun or holds it ("Avery County" for "what county"), where the chain
+    reaches it further from the question's own entities, and less the more sentences name it (a
+    name every passage mentions answers nothing in particular). The best sentence's first words
+    when no sentence holds a candidate."""
+    head = head_noun(question)
+    if kind == "any" and head:  # "which town", "what population": a name, or a quantity
+        kind = "number" if head in MEASURES else "name"
+    mentions = Counter(name for own in names for name in own)
+    best, best_value = None, -np.inf
+    for i, text in enumerate(texts):
+        for start, end, surface in _candidates(kind, text, head):
+            surface = surface.strip(" ,.;:()\"'")
+            span_words = set(_WORDS.findall(surface.casefold()))
+            if not surface or not span_words or span_words <= question_words or len(surface.split()) > SHORT_WORDS:
+                continue
+            key = _key(surface)
+            value = float(score[i]) + LEVEL_WEIGHT * entity_level.get(key, 0) - GENERIC_WEIGHT * math.log(mentions[key] or 1) \
+                + NEARBY_WEIGHT * nearby(text, start, end)
+            if head and head in span_words:
+                value += HEAD_WEIGHT
+            elif head and re.search(rf"\b{re.escape(head)}", text[max(0, start - 60):end + 60], re.IGNORECASE):
+                value += HEAD_WEIGHT / 2
+            if value > best_value:
+                best, best_value = (surface, i), value
+    if best is not None:
+        return best
+    top = int(np.argmax(score))
+    return " ".join(texts[top].split()[:SHORT_WORDS]), top
+
+
+def _pick(ranked: list[int], texts: list[str], sources: list[str], picked: list[int], words: int) -> list[int]:
+    """`picked`, then the best sentences (`ranked`) while they fit in `words` (the first always):
+    a passage already quoted gives way to the next best from another, since a chain's next link
+    is elsewhere."""
+    picked = list(picked)
+    used = sum(len(texts[i].split()) for i in picked)
+    quoted = {sources[i] for i in picked}
+    while len(picked) < MAX_SENTENCES:
+        fits = [i for i in ranked if i not in picked and (not picked or used + len(texts[i].split()) <= words)]
+        if not fits:
+            break
+        best = next((i for i in fits if sources[i] not in quoted), fits[0])
+        picked.append(best)
+        used += len(texts[best].split())
+        quoted.add(sources[best])
+    return picked
+
+
+@dataclass
+class Answer:
+    """The offline answer: `short`, the value the question asks for (None: not found in the
+    context), and the sentences that support it, each with its sources."""
+
+    short: str | None
+    sentences: list[tuple[str, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.short is None:
+            return NOT_FOUND
+        quoted = " ".join(sentence + (f" [{source}]" if source else "") for sentence, source in self.sentences)
+        return f"{LABEL} {self.short}. From the context: {quoted}"
+
+
 def answer(question: str, context: str, embed) -> str:
-    """The extractive answer to `question` from `context` (as `Retrieval.context_text` writes it);
-    `embed(texts)` gives unit vectors."""
+    """The extractive answer to `question` from `context` (as `Retrieval.context_text` writes it),
+    as printed: the short answer, then its sentences with their sources; `embed(texts)` gives
+    unit vectors."""
+    return answer_parts(question, context, embed).text()
+
+
+def answer_parts(question: str, context: str, embed) -> Answer:
+    """The short answer and the sentences that support it (module docstring)."""
     found = sentences_of(context)
     if not found:
-        return NOT_FOUND
+        return Answer(None)
     texts = [sentence for sentence, _, _ in found]
     question_stems = _stems(question)
     stems = [_stems(text) for text in texts]
@@ -157,30 +297,27 @@ def answer(question: str, context: str, embed) -> str:
         if subject:
             spotted |= {_key(subject), _key(nlp.base_title(subject))}
         names.append({name for name in spotted if name})
-    levels = _levels(question, names)
+    levels, entity_level = _levels(question, names)
     question_words = set(_WORDS.findall(question.casefold()))
     given = {name for name in set().union(*names) if set(name.split()) <= question_words}
     if not _about_the_question(question, texts, stems, question_stems):
-        return NOT_FOUND
+        return Answer(None)
     link = np.zeros(len(texts))
     for i, own in enumerate(names):
         for j, other in enumerate(names):
             if i != j and (own & other) - given:
                 link[i] = max(link[i], words[j])
-    kind = asks_for(question)
+    kind = nlp.asked_kind(question)
     holds = np.array([_holds(kind, text, len(own - given)) for text, own in zip(texts, names, strict=True)], float)
     vectors = embed(texts + [question])
     score = (vectors[:-1] @ vectors[-1] + WORD_WEIGHT * words + TYPE_WEIGHT * holds + LINK_WEIGHT * link
              + LEVEL_WEIGHT * levels)
-    picked, used, quoted = [], 0, set()
     ranked = np.argsort(-score, kind="stable").tolist()
-    while len(picked) < MAX_SENTENCES:
-        fits = [i for i in ranked if i not in picked and (not picked or used + len(texts[i].split()) <= MAX_WORDS)]
-        if not fits:
-            break
-        # a passage already quoted gives way to the next best from another: the chain's next link is elsewhere
-        best = next((i for i in fits if found[i][1] not in quoted), fits[0])
-        picked.append(best)
-        used += len(texts[best].split())
-        quoted.add(found[best][1])
-    return f"{LABEL} " + " ".join(texts[i] + (f" [{found[i][1]}]" if found[i][1] else "") for i in picked)
+    sources = [source for _, source, _ in found]
+    picked = _pick(ranked, texts, sources, [], MAX_WORDS)
+    nearby = _Nearby(question_stems, rarity)
+    short, holder = _short_answer(question, kind, [texts[i] for i in picked], [names[i] for i in picked], entity_level,
+                                  score[picked], question_words, nearby)
+    # again from the sentence the short answer is taken from, in what the answer's first words leave
+    picked = _pick(ranked, texts, sources, [picked[holder]], MAX_WORDS - len(short.split()) - HEADER_WORDS)
+    return Answer(short, [(texts[i], found[i][1]) for i in picked])

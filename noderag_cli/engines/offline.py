@@ -285,6 +285,10 @@ class OfflineEngine(Engine):
         return list(dict.fromkeys(span[2] for span in nlp.find_entities(question)))
 
     def answer(self, question: str, context: str) -> str:
-        """Extractive, labelled as such: the context sentences that complete the question's chain,
-        each with its documents (engines/extractive.py)."""
-        return extractive.answer(question, context, self.embedder.embed)
+        """Extractive, labelled as such: the value the question asks for, then the context sentences
+        that complete the question's chain, each with its documents (engines/extractive.py)."""
+        return self.answer_parts(question, context)[1]
+
+    def answer_parts(self, question: str, context: str) -> tuple[str | None, str]:
+        found = extractive.answer_parts(question, context, self.embedder.embed)
+        return found.short, found.text()

@@ -30,6 +30,10 @@ Every variant runs on the same indexed workspace, without re-indexing:
   (`second_round_chunks` 0, the paper).
 - `no-diversity`: the context by score alone (`document_diversity` 1, the paper), without the
   factor on nodes whose documents are already in it.
+- `no-whole-chunks`: the best documents' units as they were chosen, never their chunk shown whole
+  (`whole_chunks` 0).
+- `no-asked-kind`: units ranked without regard to the kind of value the question asks for
+  (`asked_kind_weight` 0).
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ def _variants() -> dict[str, StrategySpec]:
                      lambda s: _search(s.retriever, second_round_chunks=0)),
         StrategySpec("no-diversity", "ablation", "the context by score alone, no factor for documents already in it",
                      lambda s: _search(s.retriever, document_diversity=1.0)),
+        StrategySpec("no-whole-chunks", "ablation", "the best documents' units, never their short chunk shown whole",
+                     lambda s: _search(s.retriever, whole_chunks=0)),
+        StrategySpec("no-asked-kind", "ablation", "units ranked without the kind of value the question asks for",
+                     lambda s: _search(s.retriever, asked_kind_weight=0.0)),
     ]
     return {spec.name: spec for spec in specs}
 

@@ -5,6 +5,14 @@ points (`np.argpartition`, ties broken by row = id order). The budget is filled 
 one global order (score, then type rank, then id) so a cheap, relevant unit is not
 crowded out by a long chunk that happens to come first in type order; the result is
 then shown grouped by type.
+
+Two steps make the context read as answers need (docs/search.md, "What a reader gets"):
+- **What the question asks** (`weigh_asked_kind`): "when" asks for a date, "how many" for a number;
+  a unit that holds such a value is worth more than its likeness to the question says, since the
+  sentence that answers rarely repeats the question's words.
+- **Depth before breadth** (`whole_chunks`): a document whose best unit ranks among the first is
+  shown as its chunk, where the chunk is short, rather than as one or two of its sentences: the
+  sentence that gives a subject's dates is often beside the one that matched.
 """
 
 from __future__ import annotations
@@ -15,7 +23,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..nlp import VALUE_BITS
+from ..node_types import TYPE_CODE
+
 TYPE_ORDER = ("H", "A", "S", "R", "T")
+SUMMARY_CODES = frozenset(TYPE_CODE[t] for t in ("H", "A", "R"))
+WHOLE_CHUNK_RATIO = 3
+"""A chunk is shown whole in place of its units (`whole_chunks`) when it costs at most this many
+times what they do: a long chunk would spend the budget of several documents on one."""
 
 
 def top_rows(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
@@ -172,3 +187,89 @@ def sentence_keys(text: str) -> frozenset[str]:
         if len(key) > 12:
             keys.add(key)
     return frozenset(keys)
+
+
+def weigh_asked_kind(similarity: np.ndarray, kinds: np.ndarray, asked: str, weight: float) -> np.ndarray:
+    """`similarity` (per support row) times 1 + `weight` where the row holds a value of the kind
+    `asked` (`nlp.asked_kind`; `kinds` per row as `nlp.VALUE_BITS`); unchanged for a question that
+    asks for no value."""
+    bit = VALUE_BITS.get(asked, 0)
+    if not bit or weight <= 0:
+        return similarity
+    return similarity * np.where(kinds & bit, 1.0 + weight, 1.0)
+
+
+def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens: np.ndarray, unit_chunk: np.ndarray,
+                 budget: int, documents: int, keys: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The context (`kept` rows, their `scores`) with the chunks of its best `documents` shown whole:
+    of the first `documents` chunks whose units the context holds (in the order of their best unit),
+    each replaces its units when it
+    costs at most `WHOLE_CHUNK_RATIO` times what they do and the budget allows it, funded by the
+    least summaries and relationships (H, A, R), then the least units of chunks that keep another,
+    never by a chunk's only unit (the context still touches every passage it touched). With `keys`
+    (each node's sentence keys, CSR, as `fit_budget` takes them), a node that repeats a sentence of
+    the chunk goes with its units: no sentence is shown twice. The chunk is shown with its best
+    unit's score. Rows ascending."""
+    unit_code = TYPE_CODE["S"]
+    held = dict(zip(kept.tolist(), scores.tolist(), strict=True))
+    used = int(tokens[kept].sum())
+    units_of: dict[int, list[int]] = {}
+    for row in kept.tolist():
+        if codes[row] == unit_code and unit_chunk[row] >= 0:
+            units_of.setdefault(int(unit_chunk[row]), []).append(row)
+    best = sorted(units_of, key=lambda chunk: (-max(held[u] for u in units_of[chunk]), chunk))
+    for chunk in best[:documents]:
+        units = [u for u in units_of[chunk] if u in held]
+        if not units or chunk in held:
+            continue
+        cost, replaced = int(tokens[chunk]), int(tokens[units].sum())
+        if cost > WHOLE_CHUNK_RATIO * replaced:
+            continue
+        if keys is not None:
+            said = set(keys[1][keys[0][chunk]:keys[0][chunk + 1]].tolist())
+            units += [r for r in held if r not in units and not said.isdisjoint(keys[1][keys[0][r]:keys[0][r + 1]].tolist())
+                      and (codes[r] != unit_code or _others_held(held, codes, unit_chunk, r))]
+            replaced = int(tokens[units].sum())
+        need = used + cost - replaced - budget
+        funds = _funds({r: v for r, v in held.items() if r not in units}, codes, tokens, unit_chunk, chunk, need) \
+            if need > 0 else []
+        if funds is None:
+            continue
+        score = max(held[u] for u in units if codes[u] == unit_code)
+        for row in (*units, *funds):
+            del held[row]
+        held[chunk] = score
+        used += cost - replaced - sum(int(tokens[row]) for row in funds)
+    rows = np.array(sorted(held), dtype=np.int64)
+    return rows, np.array([held[r] for r in rows.tolist()], dtype=np.float64)
+
+
+def _others_held(held: dict[int, float], codes: np.ndarray, unit_chunk: np.ndarray, unit: int) -> bool:
+    """Whether a unit's chunk has another unit in the context (so dropping it leaves the passage in)."""
+    return any(r != unit and codes[r] == codes[unit] and unit_chunk[r] == unit_chunk[unit] for r in held)
+
+
+def _funds(held: dict[int, float], codes: np.ndarray, tokens: np.ndarray, unit_chunk: np.ndarray, chunk: int,
+           need: int) -> list[int] | None:
+    """The rows to drop to free `need` tokens for `chunk` (`whole_chunks`): the least H, A and R rows,
+    then the least units of other chunks that keep another unit; None when they do not free enough."""
+    unit_code = TYPE_CODE["S"]
+    summaries = sorted((r for r in held if codes[r] in SUMMARY_CODES), key=lambda r: (held[r], -r))
+    per_chunk: dict[int, int] = {}
+    for row in held:
+        if codes[row] == unit_code:
+            per_chunk[int(unit_chunk[row])] = per_chunk.get(int(unit_chunk[row]), 0) + 1
+    units = sorted((r for r in held if codes[r] == unit_code and int(unit_chunk[r]) != chunk),
+                   key=lambda r: (held[r], -r))
+    dropped, freed = [], 0
+    for row in (*summaries, *units):
+        if freed >= need:
+            break
+        if codes[row] == unit_code:
+            if per_chunk[int(unit_chunk[row])] <= 1:
+                continue
+            per_chunk[int(unit_chunk[row])] -= 1
+        dropped.append(row)
+        freed += int(tokens[row])
+    return dropped if freed >= need else None

@@ -20,6 +20,8 @@ size, and a question reads only the pages it touches.
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
 | doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
+| value_kinds | per node, the kinds of value a unit's text holds (`nlp.VALUE_BITS`: a date, a number; uint8; 0 for other types) |
+| unit_chunk | per node, a unit's chunk: the T node it was cut from (the lowest row of its chunks; int32, -1 for other types) |
 | place_indptr, place_rows, places (arrow) | per retrievable node, the chunks it came from as places (`places`): per chunk and document, JSON with the document, its content hash, the chunk's span and the pages, slides, sheets and sections over it; and the chunk's T node |
 | name_* and name_keys (arrow) | the name index of the N and O nodes (`entry.NameIndex`) |
 """
@@ -35,14 +37,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import ivf
+from .. import ivf, nlp
 from ..graph import csr_arrays
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 6  # of these structures' definition (6: where each node came from); a build of another is rebuilt
+VERSION = 7  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
@@ -241,12 +243,31 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     return indptr, rows.astype(np.int32), pa.table({"place": pa.array(texts, pa.string()), "chunk_node": chunk_node})
 
 
+def unit_chunks(structural: Adjacency, codes: np.ndarray) -> np.ndarray:
+    """Per node, the T node a unit (S) is joined to by its T-S edge (the lowest row where a sentence
+    stands in several chunks), -1 for every other node."""
+    owner = np.repeat(np.arange(len(codes)), np.diff(structural.indptr))
+    pairs = (codes[owner] == TYPE_CODE["S"]) & (codes[structural.indices] == TYPE_CODE["T"])
+    chunk = np.full(len(codes), -1, np.int32)
+    rows, targets = owner[pairs], structural.indices[pairs].astype(np.int32)
+    order = np.lexsort((targets, rows))
+    rows, targets = rows[order], targets[order]
+    first = np.r_[True, rows[1:] != rows[:-1]] if len(rows) else np.zeros(0, bool)
+    chunk[rows[first]] = targets[first]
+    return chunk
+
+
 def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
     """The sentence keys and the name index: the Python-bound part, run beside the array part."""
     arrays, tables = {}, {}
     retrievable = codes <= MAX_RETRIEVABLE_CODE
-    key_indptr, key_ids, key_count = context.sentence_key_ids(nodes["text"].to_pylist(), retrievable.tolist())
+    texts = nodes["text"].to_pylist()
+    key_indptr, key_ids, key_count = context.sentence_key_ids(texts, retrievable.tolist())
     arrays["key_indptr"], arrays["key_ids"] = _narrow(key_indptr), _narrow(key_ids)
+    units = np.flatnonzero(codes == TYPE_CODE["S"])
+    kinds = np.zeros(len(codes), np.uint8)
+    kinds[units] = [nlp.value_kinds(texts[row]) for row in units.tolist()]
+    arrays["value_kinds"] = kinds
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
     name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
     names, keys = NameIndex.arrays(name_texts.to_pylist(), named)
@@ -313,6 +334,7 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
         out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
         out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
+        out.arrays["unit_chunk"] = unit_chunks(structural, codes)
 
         doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
         out.arrays["doc_indptr"], out.arrays["doc_codes"] = _narrow(doc_indptr), doc_codes

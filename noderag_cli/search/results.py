@@ -68,6 +68,7 @@ class Retrieval:
     query_entities: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     answer: str | None = None
+    short_answer: str | None = None  # the value the answer names, when the engine gives one (the offline engine)
     smallest_match_tokens: int = 0  # the smallest node the search chose before the budget (0: none chosen)
     citations: list[dict] | None = None  # an LLM answer's [n]: the numbered context node each one names
     invalid_citations: int = 0  # [n] in the answer that number no context node (left out of `citations`)
@@ -102,7 +103,8 @@ class Retrieval:
                                            "sources": node.sources})
 
     def as_dict(self) -> dict:
-        shown = {"question": self.question, "answer": self.answer, "context_tokens": self.context_tokens,
+        shown = {"question": self.question, "answer": self.answer, "short_answer": self.short_answer,
+                 "context_tokens": self.context_tokens,
                  "query_entities": self.query_entities, "nodes": [n.as_dict() for n in self.nodes],
                  "entry_points": self.entry_points, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
         if self.citations is not None:

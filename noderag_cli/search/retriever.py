@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .. import nlp
 from ..config import Config, SearchConfig
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine
@@ -152,6 +153,7 @@ class Retriever:
         params = params or self.config.search
         question = self.check_question(question)
         started = time.perf_counter()
+        asked = nlp.asked_kind(question)
         query_vector = self.embed_question(question)
         exact_rows, vector_rows, entities, timings = self.entry_points(question, params, query_vector)
         entries = np.union1d(exact_rows, vector_rows).astype(np.int64)
@@ -169,7 +171,7 @@ class Retriever:
 
         t0 = time.perf_counter()
         cosines = QuestionCosines(self.build.vector_side, query_vector)
-        rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines)  # rows ascending
+        rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked)  # ascending
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         first_entries, bridges = entries, np.zeros(0, np.int64)
         if params.second_round_chunks > 0 and len(rows):
@@ -179,13 +181,13 @@ class Retriever:
             if len(bridges):
                 entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
                 support, mass = self.walk(entries, start, params)
-                rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines)
+                rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked)
                 result.entry_points["bridge"] = self.build.id_of(bridges)
             result.timings["second_round_ms"] = (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        kept = self.fit_budget(rows, relevance, params)
-        result.nodes = self._nodes(kept, relevance[np.searchsorted(rows, kept)])
+        kept, scores = self.context_rows(rows, relevance, params)
+        result.nodes = self._nodes(kept, scores)
         if explain:
             self._explain(result, walk, support, mass, first_entries, entries, exact_rows, vector_rows, bridges, params)
         else:
@@ -242,6 +244,18 @@ class Retriever:
         """The context's rows (`context.fit_budget`)."""
         return self.steps.fit_budget(rows, relevance, params)
 
+    def context_rows(self, rows: np.ndarray, relevance: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
+        """The context's rows and the score each is shown by, from the selection (`rows` ascending,
+        their `relevance`): the budget filled (`fit_budget`), then the best documents' chunks shown
+        whole where they are short (`context.whole_chunks`)."""
+        kept = self.fit_budget(rows, relevance, params)
+        scores = relevance[np.searchsorted(rows, kept)]
+        if params.whole_chunks > 0 and len(kept):
+            b = self.build
+            kept, scores = context.whole_chunks(kept, scores, b.type_codes, b.tokens, b.unit_chunk, params.budget_tokens,
+                                                params.whole_chunks, b.sentence_keys)
+        return kept, scores
+
     def walk(self, entries: np.ndarray, start: np.ndarray, params: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
         """Shallow PPR from `start` on the entry points (sorted, distinct): (support rows sorted,
         mass). The paper's walk by `steps`; the others (ablations) as numpy."""
@@ -253,7 +267,7 @@ class Retriever:
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, start: np.ndarray,
                params: SearchConfig, query_vector: np.ndarray, cosines: QuestionCosines | None = None,
-               ) -> tuple[np.ndarray, np.ndarray]:
+               asked: str = "any") -> tuple[np.ndarray, np.ndarray]:
         """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
         each is ranked by in the context. Works on the walk's support only, never the whole graph.
 
@@ -266,7 +280,9 @@ class Retriever:
         kept (the same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
         embedded, take the mean similarity of the reached embedded nodes at half weight, on one
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
-        matched or top-scoring N nodes, the H nodes of matched O nodes."""
+        matched or top-scoring N nodes, the H nodes of matched O nodes. A unit holding a value of the
+        kind the question asks for (`asked`: a date, a number) has its similarity weighed up
+        (`context.weigh_asked_kind`)."""
         codes = self.build.type_codes[support]
         if params.rank != "walk_similarity":
             is_entry, _, _ = steps.entry_mask(support, entries)
@@ -284,6 +300,8 @@ class Retriever:
         similarity = np.zeros(len(support))
         similarity[embedded] = np.maximum(found, 0.0)
         relation_similarity = (similarity[embedded].mean() if embedded.any() else 0.0) * 0.5
+        similarity = context.weigh_asked_kind(similarity, self.build.value_kinds[support], asked,
+                                              params.asked_kind_weight)
         chosen, scores = self.steps.select_walk(support, mass, entries, start, params, codes, similarity,
                                                 relation_similarity)
         return support[chosen], scores
@@ -373,7 +391,8 @@ class Retriever:
         engine's extractive answer names each sentence's documents itself."""
         t0 = time.perf_counter()
         cites = self.config.llm.engine != "offline"
-        retrieval.answer = self.engine.answer(retrieval.question, retrieval.context_text(numbered=cites))
+        retrieval.short_answer, retrieval.answer = self.engine.answer_parts(retrieval.question,
+                                                                            retrieval.context_text(numbered=cites))
         if cites:
             retrieval.cite()
         retrieval.timings["answer_ms"] = (time.perf_counter() - t0) * 1000

@@ -1,0 +1,136 @@
+"""What a reader gets from the context (issue 36): the kind of value a question asks for weighs a
+unit up, the best documents' short chunks are shown whole, and neither costs the context a
+passage it touched or a token over its budget. On arrays (the functions themselves) and on the
+sample corpus's questions through the real search."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from noderag_cli import api, nlp
+from noderag_cli.node_types import TYPE_CODE
+from noderag_cli.search import context
+
+T, S, H = TYPE_CODE["T"], TYPE_CODE["S"], TYPE_CODE["H"]
+
+
+def test_a_question_asks_for_a_date_or_a_number_and_units_are_weighed_by_it():
+    assert nlp.asked_kind("When did the mother of the founder die?") == "date"
+    assert nlp.asked_kind("How many sailors did the Gannet Queen rescue?") == "number"
+    assert nlp.asked_kind("Who founded the society?") == "name"
+    assert nlp.value_kinds("She died on 4 May 1897 at Esterby.") & nlp.VALUE_BITS["date"]
+    assert nlp.value_kinds("It rescued 41 sailors.") == nlp.VALUE_BITS["number"]
+    assert nlp.value_kinds("It has no value in it.") == 0
+    similarity = np.array([0.5, 0.5, 0.5])
+    kinds = np.array([nlp.VALUE_BITS["date"] | nlp.VALUE_BITS["number"], nlp.VALUE_BITS["number"], 0], np.uint8)
+    assert context.weigh_asked_kind(similarity, kinds, "date", 0.5).tolist() == [0.75, 0.5, 0.5]
+    assert context.weigh_asked_kind(similarity, kinds, "number", 0.5).tolist() == [0.75, 0.75, 0.5]
+    for asked, weight in (("name", 0.5), ("any", 0.5), ("date", 0.0)):  # the controls: nothing moves
+        assert context.weigh_asked_kind(similarity, kinds, asked, weight) is similarity
+
+
+def _arrays():
+    """Rows: 0 T (60 tokens; units 1, 2), 1 S of 0 (20), 2 S of 0 (20), 3 T (200; unit 4), 4 S of 3 (20),
+    5 H (30), 6 S of 7 (20), 7 T (50; units 6, 8), 8 S of 7 (20)."""
+    codes = np.array([T, S, S, T, S, H, S, T, S], np.int8)
+    tokens = np.array([60, 20, 20, 200, 20, 30, 20, 50, 20], np.int32)
+    unit_chunk = np.array([-1, 0, 0, -1, 3, -1, 7, -1, 7], np.int32)
+    return codes, tokens, unit_chunk
+
+
+def test_a_best_short_chunk_replaces_its_units_funded_without_dropping_a_passage():
+    codes, tokens, unit_chunk = _arrays()
+    kept = np.array([1, 4, 5, 6, 8])  # 20 + 20 + 30 + 20 + 20 = 110 tokens
+    scores = np.array([0.9, 0.8, 0.5, 0.4, 0.3])
+    rows, shown = context.whole_chunks(kept, scores, codes, tokens, unit_chunk, budget=130, documents=1)
+    # chunk 0 (60) for unit 1 (20): 40 more, 20 free: the summary H goes (30), never unit 4, chunk 3's only unit
+    assert rows.tolist() == [0, 4, 6, 8] and shown.tolist() == [0.9, 0.8, 0.4, 0.3]
+    assert tokens[rows].sum() <= 130
+    # with less room the summary and then chunk 7's weaker unit fund it; a chunk's only unit never does
+    rows, _ = context.whole_chunks(kept, scores, codes, tokens, unit_chunk, budget=110, documents=1)
+    assert rows.tolist() == [0, 4, 6] and tokens[rows].sum() <= 110
+    rows, _ = context.whole_chunks(kept, scores, codes, tokens, unit_chunk, budget=60, documents=1)
+    assert rows.tolist() == kept.tolist()  # nothing may fund it: unchanged
+
+
+def test_a_long_chunk_or_no_document_leaves_the_context_as_it_was():
+    codes, tokens, unit_chunk = _arrays()
+    kept, scores = np.array([4, 1]), np.array([0.9, 0.2])
+    rows, _ = context.whole_chunks(np.sort(kept), scores[np.argsort(kept)], codes, tokens, unit_chunk, budget=10_000,
+                                   documents=1)
+    assert rows.tolist() == [1, 4]  # chunk 3 costs ten times its unit: not shown whole
+    rows, _ = context.whole_chunks(np.array([1, 4]), np.array([0.2, 0.9]), codes, tokens, unit_chunk, 10_000, 0)
+    assert rows.tolist() == [1, 4]
+    rows, _ = context.whole_chunks(np.array([1, 4]), np.array([0.2, 0.9]), codes, tokens, unit_chunk, 10_000, 2)
+    assert rows.tolist() == [0, 4]  # the second best document's short chunk
+
+
+@pytest.fixture(scope="module")
+def session(built):
+    with api.open_workspace(built) as opened:
+        yield opened
+
+
+def test_on_the_sample_questions_every_passage_stays_and_the_budget_holds(session):
+    from conftest import SAMPLE_CORPUS
+
+    questions = [json.loads(line)["question"] for line in (SAMPLE_CORPUS / "questions.jsonl").read_text().splitlines()]
+    grew = 0
+    for question in questions:
+        for budget in (300, 600, 1000):
+            plain = session.retrieve(question, session.search_settings(budget_tokens=budget, whole_chunks=0))
+            whole = session.retrieve(question, session.search_settings(budget_tokens=budget))
+            assert whole.context_tokens <= budget
+            passages = {d for n in plain.nodes if n.type in "ST" for d in n.documents}
+            assert passages <= {d for n in whole.nodes if n.type in "ST" for d in n.documents}
+            grew += any(n.type == "T" for n in whole.nodes) and not any(n.type == "T" for n in plain.nodes)
+            again = session.retrieve(question, session.search_settings(budget_tokens=budget))
+            assert [n.id for n in again.nodes] == [n.id for n in whole.nodes]  # deterministic
+    assert grew  # some contexts show a chunk whole that would not have shown it
+
+
+def test_the_offline_answer_opens_with_its_short_answer(built):
+    """The demo question's short answer is the village; a question the context cannot answer gets
+    "not found"; `query --json` carries the short answer as its own field."""
+    from conftest import noderag
+
+    demo = "In which village was the founder of the society that awards the Greyling Medal born?"
+    run = noderag("query", built, demo, "--json", "--budget", "1000")
+    assert run.returncode == 0, run.stderr
+    answered = run.json()
+    assert answered["short_answer"] == "Harlow Ferry"
+    assert answered["answer"].startswith("[offline extractive answer] Harlow Ferry. From the context: ")
+    assert "Harlow Ferry" in answered["answer"].split("From the context: ", 1)[1]  # the sentence that supports it
+    assert len(answered["answer"].split()) <= 60 + 5
+    nothing = noderag("query", built, "What is the boiling point of liquid helium on Mars?", "--json").json()
+    assert nothing["short_answer"] is None and "Not found in the context" in nothing["answer"]
+    assert noderag("query", built, demo, "--json", "--context-only").json()["short_answer"] is None
+
+
+@pytest.mark.llm
+def test_an_llm_built_workspace_is_searched_with_the_same_settings(tmp_path):
+    """Both engines: a workspace built through litellm (the fault server's rich replies) is searched
+    with the asked kind and whole chunks: within budget, deterministic, and showing a chunk whole."""
+    import yaml
+    from conftest import SAMPLE_CORPUS, index
+    from llm_support.fault_server import FaultServer
+
+    with FaultServer(default="rich") as server:
+        config = tmp_path / "llm.yaml"
+        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
+                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        index(tmp_path / "ws", SAMPLE_CORPUS, "--config", config)
+        questions = [json.loads(line)["question"] for line in (SAMPLE_CORPUS / "questions.jsonl").read_text().splitlines()]
+        whole = 0
+        with api.open_workspace(tmp_path / "ws") as llm_built:  # its question entities come from the server
+            for question in questions:
+                for budget in (300, 1000):
+                    params = llm_built.search_settings(budget_tokens=budget)
+                    first, second = llm_built.retrieve(question, params), llm_built.retrieve(question, params)
+                    assert first.context_tokens <= budget
+                    assert [(n.id, n.score) for n in first.nodes] == [(n.id, n.score) for n in second.nodes]
+                    whole += any(n.type == "T" for n in first.nodes)
+    assert whole
