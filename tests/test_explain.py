@@ -35,8 +35,10 @@ def hand_made(tmp_path_factory) -> Path:
     return root / "ws"
 
 
-def test_via_names_the_entry_points_and_the_walk_and_every_path_follows_edges(hand_made):
-    run = noderag("query", hand_made, QUESTION, "--json", "--top-k", "1", "--context-only")
+def test_via_names_the_entry_points_and_the_walk_and_every_path_follows_edges(hand_made, tmp_path):
+    units = tmp_path / "units.yaml"  # the walk's way to each unit (whole chunks would show a passage in their place)
+    units.write_text("search: {whole_chunks: 0}\n")
+    run = noderag("query", hand_made, QUESTION, "--json", "--top-k", "1", "--context-only", "--config", units)
     assert run.returncode == 0, run.stderr
     result = run.json()
     shown = {n["id"]: n for n in [*result["nodes"], *result["path_nodes"]]}

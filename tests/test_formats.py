@@ -53,8 +53,15 @@ def workspace(folder, tmp_path_factory) -> Path:
     return ws
 
 
-def _query(ws: Path, question: str, budget: int = 600) -> dict:
-    run = noderag("query", ws, question, "--json", "--budget", str(budget))
+def _query(ws: Path, question: str, budget: int = 600, units: bool = False) -> dict:
+    """`query --json`; `units`: without whole chunks (`search.whole_chunks` 0), so a passage's sentences
+    are shown as units, each with its own narrowed place."""
+    extra = []
+    if units:
+        config = ws.parent / "units.yaml"
+        config.write_text("search: {whole_chunks: 0}\n")
+        extra = ["--config", config]
+    run = noderag("query", ws, question, "--json", "--budget", str(budget), *extra)
     assert run.returncode == 0, run.stderr
     return run.json()
 
@@ -85,12 +92,15 @@ def test_every_format_is_indexed_with_its_text(workspace):
 
 
 def test_pages_slides_sheets_and_sections_are_where_a_node_came_from(workspace):
-    dredger = _node_with(_query(workspace, "Which dredger deepened the inner channel?"), "dredger Marlpit", "S")
+    dredger = _node_with(_query(workspace, "Which dredger deepened the inner channel?", units=True), "dredger Marlpit", "S")
     assert dredger["locations"][0]["pages"] == [2]
     assert dredger["locations"][0]["sections"] == ["Dredging"]  # the page's heading, found by its font size
-    bridge = _node_with(_query(workspace, "What did spending on the Orlen bridge rise to?"), "Orlen bridge", "S")
+    shown = _node_with(_query(workspace, "Which dredger deepened the inner channel?"), "dredger Marlpit", "ST")
+    assert shown["type"] == "S" and shown["locations"][0]["pages"] == [2]  # a chunk over pages is never shown whole
+    bridge = _node_with(_query(workspace, "What did spending on the Orlen bridge rise to?", units=True), "Orlen bridge",
+                        "S")
     assert bridge["locations"][0]["slides"] == [1]
-    pier = _node_with(_query(workspace, "Who rebuilt the pier in stone?"), "rebuilt the pier", "S")
+    pier = _node_with(_query(workspace, "Who rebuilt the pier in stone?", units=True), "rebuilt the pier", "S")
     assert pier["locations"][0]["sections"] == ["Rebuilding"]
     start, end = pier["locations"][0]["span"]
     assert 0 <= start < end

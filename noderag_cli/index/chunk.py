@@ -349,9 +349,12 @@ def document_chunks(
     def lost(job, why: str) -> list[DocumentChunks]:
         return [DocumentChunks(failure=why) for _ in job[0]]
 
-    for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs, keep, lost), strict=True):
-        for position, entry in zip(batch, entries, strict=True):
-            out[position] = entry
+    try:
+        for batch, entries in zip(batches, (executor or Executor()).map(chunk_batch, jobs, keep, lost), strict=True):
+            for position, entry in zip(batch, entries, strict=True):
+                out[position] = entry
+    finally:
+        contained.close()  # the one this process started for batches it read itself
     return out
 
 

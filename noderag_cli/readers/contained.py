@@ -169,3 +169,12 @@ def extract(path: str, limits: Limits, content_hash: str | None = None) -> Extra
     if isinstance(extracted, Unreadable):
         raise extracted
     return extracted
+
+
+def close() -> None:
+    """End this process's reader process (the next document starts another): its memory is not kept
+    past the stage that read with it."""
+    global _reader
+    if _reader is not None:
+        _reader.close()
+        _reader = None

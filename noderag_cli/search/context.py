@@ -209,9 +209,9 @@ def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens
     least summaries and relationships (H, A, R), then the least units of chunks that keep another,
     never by a chunk's only unit (the context still touches every passage it touched). With `keys`
     (each node's sentence keys, CSR, as `fit_budget` takes them), a node that repeats a sentence of
-    the chunk goes with its units: no sentence is shown twice. The chunk is shown with its best
-    unit's score. Rows ascending."""
-    unit_code = TYPE_CODE["S"]
+    the chunk goes with its units, and a chunk that repeats one the context shows is not shown: no
+    sentence is shown twice. The chunk is shown with its best unit's score. Rows ascending."""
+    unit_code, chunk_code = TYPE_CODE["S"], TYPE_CODE["T"]
     held = dict(zip(kept.tolist(), scores.tolist(), strict=True))
     used = int(tokens[kept].sum())
     units_of: dict[int, list[int]] = {}
@@ -228,8 +228,10 @@ def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens
             continue
         if keys is not None:
             said = set(keys[1][keys[0][chunk]:keys[0][chunk + 1]].tolist())
-            units += [r for r in held if r not in units and not said.isdisjoint(keys[1][keys[0][r]:keys[0][r + 1]].tolist())
-                      and (codes[r] != unit_code or _others_held(held, codes, unit_chunk, r))]
+            repeats = [r for r in held if r not in units and not said.isdisjoint(keys[1][keys[0][r]:keys[0][r + 1]].tolist())]
+            if any(codes[r] == chunk_code for r in repeats):
+                continue  # a chunk shown already says part of it: it would not be shown twice
+            units += [r for r in repeats if codes[r] != unit_code or _others_held(held, codes, unit_chunk, r)]
             replaced = int(tokens[units].sum())
         need = used + cost - replaced - budget
         funds = _funds({r: v for r, v in held.items() if r not in units}, codes, tokens, unit_chunk, chunk, need) \

@@ -21,7 +21,7 @@ size, and a question reads only the pages it touches.
 | key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
 | doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
 | value_kinds | per node, the kinds of value a unit's text holds (`nlp.VALUE_BITS`: a date, a number; uint8; 0 for other types) |
-| unit_chunk | per node, a unit's chunk: the T node it was cut from (the lowest row of its chunks; int32, -1 for other types) |
+| unit_chunk | per node, the chunk a unit may be shown whole in place of (`context.whole_chunks`): the T node it was cut from (the lowest row of its chunks), when that chunk lies on one page, slide or sheet (int32; -1 otherwise, and for other types) |
 | place_indptr, place_rows, places (arrow) | per retrievable node, the chunks it came from as places (`places`): per chunk and document, JSON with the document, its content hash, the chunk's span and the pages, slides, sheets and sections over it; and the chunk's T node |
 | name_* and name_keys (arrow) | the name index of the N and O nodes (`entry.NameIndex`) |
 """
@@ -44,7 +44,7 @@ from . import context
 from .entry import NameIndex
 from .ppr import WalkMatrix
 
-VERSION = 7  # of these structures' definition; a build of another is rebuilt
+VERSION = 8  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
@@ -243,9 +243,22 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     return indptr, rows.astype(np.int32), pa.table({"place": pa.array(texts, pa.string()), "chunk_node": chunk_node})
 
 
-def unit_chunks(structural: Adjacency, codes: np.ndarray) -> np.ndarray:
+def one_place_chunks(nodes: pa.Table, chunks: pa.Table | None) -> np.ndarray:
+    """Per node, whether it is a chunk (T) that lies on one page, slide or sheet (or a document that
+    has none): shown whole, it is cited as exactly as its units are."""
+    one = np.zeros(nodes.num_rows, bool)
+    if chunks is None or not chunks.num_rows:
+        return one
+    spread = {chunk: any(len(json.loads(where or "{}").get(kind, [])) > 1 for kind in ("pages", "slides", "sheets"))
+              for chunk, where in zip(chunks["chunk_id"].to_pylist(), chunks["location"].to_pylist(), strict=True)}
+    ids = nodes["id"].to_pylist()
+    one[:] = [spread.get(node) is False for node in ids]
+    return one
+
+
+def unit_chunks(structural: Adjacency, codes: np.ndarray, one_place: np.ndarray) -> np.ndarray:
     """Per node, the T node a unit (S) is joined to by its T-S edge (the lowest row where a sentence
-    stands in several chunks), -1 for every other node."""
+    stands in several chunks) when that chunk is `one_place`, -1 for every other node."""
     owner = np.repeat(np.arange(len(codes)), np.diff(structural.indptr))
     pairs = (codes[owner] == TYPE_CODE["S"]) & (codes[structural.indices] == TYPE_CODE["T"])
     chunk = np.full(len(codes), -1, np.int32)
@@ -253,7 +266,8 @@ def unit_chunks(structural: Adjacency, codes: np.ndarray) -> np.ndarray:
     order = np.lexsort((targets, rows))
     rows, targets = rows[order], targets[order]
     first = np.r_[True, rows[1:] != rows[:-1]] if len(rows) else np.zeros(0, bool)
-    chunk[rows[first]] = targets[first]
+    rows, targets = rows[first], targets[first]
+    chunk[rows] = np.where(one_place[targets], targets, -1)
     return chunk
 
 
@@ -334,7 +348,7 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
         out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
         out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
-        out.arrays["unit_chunk"] = unit_chunks(structural, codes)
+        out.arrays["unit_chunk"] = unit_chunks(structural, codes, one_place_chunks(nodes, chunks))
 
         doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
         out.arrays["doc_indptr"], out.arrays["doc_codes"] = _narrow(doc_indptr), doc_codes
