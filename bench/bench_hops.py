@@ -24,6 +24,8 @@ from pathlib import Path
 from noderag_cli import api
 from noderag_cli.evaluate.datasets import is_yes_no, load_hotpotqa, load_musique
 from noderag_cli.evaluate.metrics import answer_contained, exact_match, support_recall, token_f1
+from noderag_cli.mcp_server import reading
+from noderag_cli.nlp import count_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = (500, 1000, 2000)
@@ -65,7 +67,7 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
     for budget in budgets:
         params = session.search_settings(**changes, budget_tokens=budget)
         per_hop: dict[int, list[bool]] = {}
-        all_gold, contained, recall, latency = [], [], [], []
+        all_gold, contained, recall, latency, reading_ratio = [], [], [], [], []
         answers_in, answer_words, shorts_in, matches, f1s = [], [], [], [], []
         for question, question_hops in zip(questions, hops, strict=True):
             timings = []
@@ -79,6 +81,8 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
             if not is_yes_no(question):
                 contained.append(answer_contained(retrieval.context_text(), question.answers))
             recall.append(support_recall(retrieval, question.supporting_documents) or 0.0)
+            if retrieval.context_tokens:
+                reading_ratio.append(count_tokens([reading(retrieval)])[0] / retrieval.context_tokens)
             latency.append(statistics.median(timings))
             if budget == ANSWER_BUDGET and not is_yes_no(question):
                 answered = session.retriever.answer(retrieval)
@@ -95,6 +99,7 @@ def measure(session, questions, hops, changes: dict, rounds: int = 1, budgets=BU
             "containment": sum(contained) / len(contained),
             "recall": statistics.mean(recall),
             "latency_p50": statistics.median(latency),
+            "reading": statistics.median(reading_ratio) if reading_ratio else 0.0,
         }
         if answers_in:
             out[budget]["answer"] = (sum(answers_in), len(answers_in), statistics.median(answer_words))
@@ -121,7 +126,7 @@ def _row(dataset: str, name: str, budget: int, figures: dict) -> str:
     short_text = f"{short[0]}/{answer[1]} (EM {short[1]}, F1 {short[2]:.3f})" if short and answer else ""
     return (f"| {dataset} | {budget} | {name} | {hops} | {figures['all_gold'][0]}/{figures['all_gold'][1]} | "
             f"{figures['containment']:.3f} | {figures['recall']:.3f} | {figures['latency_p50']:.2f} | {answer_text} | "
-            f"{short_text} |")
+            f"{short_text} | {figures['reading']:.2f} |")
 
 
 def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int) -> list[str]:
@@ -134,14 +139,16 @@ def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int
              "Hops: questions whose hop-k passage is in the context (MuSiQue's question_decomposition; of 100, "
              "the third of 32, the fourth of 5). All gold: every supporting passage in the context. Answer: the "
              "offline extractive answer holds the gold answer (yes/no left out), its median length; short answer: "
-             "the answer's short answer holds it, and its exact match and token F1 (SQuAD's). Latency: "
+             "the answer's short answer holds it, and its exact match and token F1 (SQuAD's). MCP text: the tokens of "
+             "what an agent reads from `noderag mcp`'s search (mcp_server.reading) over the context's tokens, median "
+             "over questions (target about 1.3 at most). Latency: "
              f"retrieval only, median of {rounds} rounds per question, then over questions, compiled kernels.", "",
              "| set | budget | search | hops 1 / 2 / 3 / 4 | all gold | answer containment | support recall | "
-             "latency p50 ms | offline answer | short answer |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "latency p50 ms | offline answer | short answer | MCP text |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios, spread = [], []
     for dataset in ("musique", "hotpotqa"):
         if not (data / dataset / "corpus.json").is_file():
-            lines.append(f"| {dataset} | - | skipped: {data / dataset} not found | | | | | | |")
+            lines.append(f"| {dataset} | - | skipped: {data / dataset} not found | | | | | | | | |")
             continue
         questions, hops, ws = _dataset(dataset, data, work)
         with api.open_workspace(ws) as session:
@@ -163,7 +170,8 @@ def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int
     if spread:
         lines += ["", "Each new setting moved either side of its default (1,000 tokens; latency of one round):", "",
                   "| set | budget | search | hops 1 / 2 / 3 / 4 | all gold | answer containment | support recall | "
-                  "latency p50 ms | offline answer | short answer |", "|---|---|---|---|---|---|---|---|---|---|", *spread]
+                  "latency p50 ms | offline answer | short answer | MCP text |", "|---|---|---|---|---|---|---|---|---|---|---|",
+                  *spread]
     return lines
 
 

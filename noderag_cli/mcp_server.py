@@ -28,8 +28,8 @@ from .workspace import Workspace
 
 NEIGHBOURS_SHOWN = 25
 INSTRUCTIONS = ("Search a NodeRAG knowledge graph built from a folder of documents. `search` returns the context "
-                "(and optionally an answer) for a question as text to read, each node with its sources, numbered "
-                "[n]; the full record (ids, scores, places, how the search reached each node) is its structured "
+                "(and optionally an answer) for a question as text to read, each node opened by its sources "
+                "([s1]); the full record (ids, scores, places, how the search reached each node) is its structured "
                 "content. `node` shows one node and its neighbours; `document` lists a document's text chunks.")
 
 
@@ -91,18 +91,23 @@ class Searcher:
             self.session.close()
 
 
+SOURCES_SHOWN = 3
+"""Sources named in the text per node: a summary joins many passages; the structured content lists all."""
+
+
 def reading(result) -> str:
     """A search result as an agent reads it: the short answer and the answer when asked, then each
-    context node's text with its sources (each named in full once, then by a mark: "s2"), numbered in
-    order; nothing of ids, scores or paths, which the structured content holds (an agent pays for
-    every character of the text in its own window)."""
+    context node's text on a line of its own, in order, opened by its sources (each named in full
+    where it first appears, then by its mark: "[s2] ...", at most `SOURCES_SHOWN`); nothing of ids, scores or paths, which
+    the structured content holds, node for node in the same order (an agent pays for every
+    character of the text in its own window)."""
     lines = []
     if result.answer is not None:
         if result.short_answer:
             lines.append(f"Short answer: {result.short_answer}")
         lines += [f"Answer: {result.answer}", ""]
-    lines.append(f"Context ({len(result.nodes)} nodes, {result.context_tokens} tokens):" if result.nodes
-                 else "Context: nothing in the workspace matched this question.")
+    lines.append(f"Context ({len(result.nodes)} nodes, {result.context_tokens} tokens):"
+                 if result.nodes else "Context: nothing in the workspace matched this question.")
     named: dict[str, str] = {}  # a source, named in full where it first appears, then by its mark
 
     def source(name: str) -> str:
@@ -111,9 +116,11 @@ def reading(result) -> str:
         named[name] = f"s{len(named) + 1}"
         return f"{named[name]}: {name}"
 
-    for number, node in enumerate(result.nodes, 1):
-        sources = "; ".join(source(name) for name in node.sources)
-        lines.append(f"[{number}] {node.text}" + (f" ({sources})" if sources else ""))
+    for node in result.nodes:
+        shown = node.sources[:SOURCES_SHOWN]
+        sources = "; ".join(source(name) for name in shown) + \
+            (f" +{len(node.sources) - len(shown)} more" if len(node.sources) > len(shown) else "")
+        lines.append(f"[{sources}] {node.text}" if sources else node.text)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -159,8 +166,8 @@ def build_server(searcher: Searcher) -> Any:
 
     def search(question: str, budget_tokens: int | None = None,
                answer: bool = False) -> Annotated[CallToolResult, SearchRecord]:
-        """The context for a question from the workspace's graph, as text: each node's text with its
-        sources, numbered, in the order an answer reads them (the structured content holds the full
+        """The context for a question from the workspace's graph, as text: each node's text opened by its
+        sources ([s1]), in the order an answer reads them (the structured content holds the full
         record: ids, scores, places, how the search reached each node). budget_tokens: the context's
         size (the workspace's setting when omitted). answer: also write an answer with the workspace's
         engine, its short answer first."""

@@ -146,7 +146,7 @@ def test_a_client_that_closes_both_pipes_mid_reply_ends_the_server_quietly(built
 
 def test_search_reads_as_a_context_and_carries_the_record_as_structured_content(built):
     """Issue 36: the text block is the context as a reader reads it (the short answer when asked,
-    then each node's text with its sources, numbered), about 1.3 times the context's tokens at most
+    then each node's text opened by its sources, in order), about 1.3 times the context's tokens at most
     (it was the whole JSON record, 9 times); the record is the structured content, under a declared
     output schema, equal to `query --json`'s."""
     from noderag_cli import nlp
@@ -162,8 +162,8 @@ def test_search_reads_as_a_context_and_carries_the_record_as_structured_content(
             text, record = plain.content[0].text, plain.structured_content
             assert [n["id"] for n in record["nodes"]] == _query_ids(built, 1000)
             assert '"id"' not in text and "S_" not in text  # no ids, scores or paths in what the agent reads
-            for number, node in enumerate(record["nodes"], 1):
-                assert f"[{number}] {node['text']}" in text
+            at = [text.index(f"] {node['text']}\n") for node in record["nodes"]]
+            assert at == sorted(at)  # node for node, in the record's order, each opened by its sources
             assert nlp.count_tokens([text])[0] <= 1.3 * record["context_tokens"]
 
     anyio.run(session)
