@@ -144,7 +144,6 @@ HEAD_WEIGHT = 0.4
 """Bonus of a candidate value that holds the question's head noun, half of it for one beside it
 ("which village" ... "Harlow Ferry, a village")."""
 GENERIC_WEIGHT = 0.1  # per log of the sentences naming a candidate
-NEARBY_WEIGHT, NEARBY_WORDS = 0.1, 8  # the question's words within this many words of a candidate
 MEASURES = frozenset("number amount population percentage percent total size height length area distance age count "
                      "depth width weight".split())
 """Head nouns that ask for a quantity ("what was the population of ...")."""
@@ -193,21 +192,8 @@ def _candidates(kind: str, text: str, head: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-class _Nearby:
-    """The question's words around a span of a sentence, each weighted by its rarity in the context:
-    the words of "where was X born" stand beside the place in "X was born in Y"."""
-
-    def __init__(self, question_stems: set[str], rarity: dict[str, float]):
-        self.stems, self.rarity = question_stems, rarity
-
-    def __call__(self, text: str, start: int, end: int) -> float:
-        left = " ".join(text[:start].split()[-NEARBY_WORDS:])
-        right = " ".join(text[end:].split()[:NEARBY_WORDS])
-        return sum(self.rarity.get(stem, 0.0) for stem in _stems(f"{left} {right}") & self.stems)
-
-
 def _short_answer(question: str, kind: str, texts: list[str], names: list[set[str]], entity_level: dict[str, int],
-                  score: np.ndarray, question_words: set[str], nearby: _Nearby) -> tuple[str, int]:
+                  score: np.ndarray, question_words: set[str]) -> tuple[str, int]:
     """(the value the question asks for, the sentence it is taken from). Each span of the asked kind
     that the question does not itself name scores its sentence's score, and more where it stands
     beside the question's head noun or holds it ("Avery County" for "what county"), where the chain
@@ -226,8 +212,7 @@ def _short_answer(question: str, kind: str, texts: list[str], names: list[set[st
             if not surface or not span_words or span_words <= question_words or len(surface.split()) > SHORT_WORDS:
                 continue
             key = _key(surface)
-            value = float(score[i]) + LEVEL_WEIGHT * entity_level.get(key, 0) - GENERIC_WEIGHT * math.log(mentions[key] or 1) \
-                + NEARBY_WEIGHT * nearby(text, start, end)
+            value = float(score[i]) + LEVEL_WEIGHT * entity_level.get(key, 0) - GENERIC_WEIGHT * math.log(mentions[key] or 1)
             if head and head in span_words:
                 value += HEAD_WEIGHT
             elif head and re.search(rf"\b{re.escape(head)}", text[max(0, start - 60):end + 60], re.IGNORECASE):
@@ -315,9 +300,8 @@ def answer_parts(question: str, context: str, embed) -> Answer:
     ranked = np.argsort(-score, kind="stable").tolist()
     sources = [source for _, source, _ in found]
     picked = _pick(ranked, texts, sources, [], MAX_WORDS)
-    nearby = _Nearby(question_stems, rarity)
     short, holder = _short_answer(question, kind, [texts[i] for i in picked], [names[i] for i in picked], entity_level,
-                                  score[picked], question_words, nearby)
+                                  score[picked], question_words)
     # again from the sentence the short answer is taken from, in what the answer's first words leave
     picked = _pick(ranked, texts, sources, [picked[holder]], MAX_WORDS - len(short.split()) - HEADER_WORDS)
     return Answer(short, [(texts[i], found[i][1]) for i in picked])
