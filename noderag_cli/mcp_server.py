@@ -98,9 +98,9 @@ SOURCES_SHOWN = 3
 def reading(result) -> str:
     """A search result as an agent reads it: the short answer and the answer when asked, then each
     context node's text on a line of its own, in order, opened by its sources (each named in full
-    where it first appears, then by its mark: "[s2] ...", at most `SOURCES_SHOWN`); nothing of ids, scores or paths, which
-    the structured content holds, node for node in the same order (an agent pays for every
-    character of the text in its own window)."""
+    where it first appears, then by its mark: "[s2] ...", at most `SOURCES_SHOWN`); nothing of ids,
+    scores or paths, which the structured content holds, node for node in the same order (an agent
+    pays for every character of the text in its own window)."""
     lines = []
     if result.answer is not None:
         if result.short_answer:
