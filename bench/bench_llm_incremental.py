@@ -6,10 +6,11 @@ The engine is litellm against the fault server in its deterministic "rich" mode 
 sentence, capitalised words as entities; the same request always gets the same reply), which
 stands in for a recorded LLM: a real model on this machine would take hours for 1,872 passages.
 Same split as the offline indexing benchmark (`bench_index.prepare`): a base build of 95% of the
-passages, then an update that adds 5%, changes 1% and deletes 1%; and a fresh build of the final
-folder. Every run is a `noderag index` child process; the server records each request.
+passages, then an update that adds 5%, changes 1% and deletes 1%, once in each mode (exact and
+incremental, each on a copy of the base); and a fresh build of the final folder. Every run is a
+`noderag index` child process; the server records each request.
 
-Checked: the update's requests are exactly the fresh build's requests that the base build did not
+Checked, of the exact update: its requests are exactly the fresh build's requests that the base build did not
 make (nothing re-sent, nothing stale, nothing missing), its decompose calls are the chunks of the new
 and changed documents, and its tables equal the fresh build's. Reported: calls and tokens by task,
 and wall times (the server answers at once, so a real model's latency would only widen the gap).
@@ -103,19 +104,25 @@ def _dry_run(workspace: Path, folder: Path, config: Path) -> dict:
 def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str], bool]:
     base, final, counts = prepare(data, work)
     with FaultServer(default="rich") as server:
-        config = work / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 30, "retries": 2,
-                                                  "concurrency": 8}, **({"graph": graph} if graph else {})}))
-        runs, seen = {}, {}
-        for name, folder, workspace in (("fresh", final, work / "llm-fresh"), ("base", base, work / "llm-incremental"),
-                                        ("update", final, work / "llm-incremental")):
-            if name != "update":
-                shutil.rmtree(workspace, ignore_errors=True)
-            else:
+        configs = {}
+        for mode in ("exact", "incremental"):
+            configs[mode] = work / f"llm-{mode}.yaml"
+            configs[mode].write_text(yaml.safe_dump({
+                "llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url,
+                        "timeout_seconds": 30, "retries": 2, "concurrency": 8},
+                "index": {"update": mode}, **({"graph": graph} if graph else {})}))
+        runs, seen, planned = {}, {}, {}
+        steps = (("fresh", final, work / "llm-fresh"), ("base", base, work / "llm-base"),
+                 ("update", final, work / "llm-exact"), ("incremental", final, work / "llm-incremental"))
+        for name, folder, workspace in steps:
+            shutil.rmtree(workspace, ignore_errors=True)
+            config = configs["incremental" if name == "incremental" else "exact"]
+            if name in ("update", "incremental"):
+                shutil.copytree(work / "llm-base", workspace, ignore=shutil.ignore_patterns(".lock"))
+                planned[name] = _dry_run(workspace, folder, config)
+            if name == "update":
                 base_members = _memberships(workspace)
                 base_texts = _unit_texts(workspace)
-                planned = _dry_run(workspace, folder, config)
             server.reset()
             print(f"[bench_llm_incremental] {name} build ...", file=sys.stderr, flush=True)
             runs[name] = run_index(workspace, folder, config=config)
@@ -126,25 +133,33 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
     expected = fresh - base_calls
     stale, repeated, missing = update - fresh, update & base_calls, expected - update
     decompose = runs["update"].summary["stages"]["decompose"]
-    identical = same_files(work / "llm-fresh", work / "llm-incremental")
+    identical = same_files(work / "llm-fresh", work / "llm-exact")
     duplicates = len(seen["update"]) - len(update)
     ok = not (stale or repeated or missing or duplicates) and identical and \
         decompose.get("decomposed") == sum(t == "decompose" for t, _, _ in seen["update"])
 
     def row(label: str, pick) -> str:
-        cells = [pick(seen[k]) for k in ("fresh", "base", "update")]
-        share = f"{cells[2] / cells[0]:.1%}" if cells[0] else "-"
-        return f"| {label} | {cells[0]:,} | {cells[1]:,} | {cells[2]:,} | {share} |"
+        cells = [pick(seen[k]) for k in ("fresh", "base", "update", "incremental")]
+        shares = " | ".join(f"{c / cells[0]:.1%}" if cells[0] else "-" for c in cells[2:])
+        return f"| {label} | {cells[0]:,} | {cells[1]:,} | {cells[2]:,} | {cells[3]:,} | {shares} |"
 
     walls = {k: r.wall for k, r in runs.items()}
-    update_members = _memberships(work / "llm-incremental")
+    update_members = _memberships(work / "llm-exact")
     kept = len(set(base_members) & set(update_members))
     from noderag_cli.config import GraphConfig
 
     budget = (graph or {}).get("max_community_tokens", GraphConfig().max_community_tokens)
     asked, with_new, new_share = _communities_with_new_texts(work / "llm-fresh", base_texts, budget)
-    estimate = planned["total"]
-    actual_calls, actual_tokens = len(seen["update"]), sum(x[2] for x in seen["update"])
+    def estimated(mode: str) -> str:
+        estimate = planned[mode]["total"]
+        calls, tokens = len(seen[mode]), sum(x[2] for x in seen[mode])
+        return (f"{estimate['calls']:,} calls and {estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the "
+                f"update made {calls:,} calls (estimate {estimate['calls'] / max(calls, 1):.0%} of them) and "
+                f"{tokens:,} tokens (estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(tokens, 1):.0%})")
+
+    incremental = runs["incremental"].summary["stages"]
+    share = {k: sum(x[2] for x in seen[k]) / max(sum(x[2] for x in seen["fresh"]), 1) for k in ("update", "incremental")}
+    calls = {k: len(seen[k]) / max(len(seen["fresh"]), 1) for k in ("update", "incremental")}
     lines = [
         "### Incremental update with an LLM engine",
         "",
@@ -153,15 +168,24 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
         f"same split as above: base {counts['base']:,} passages, update +{counts['added']} / "
         f"{counts['changed']} changed / {counts['deleted']} deleted.",
         "",
-        "| measure | fresh build (final) | base build (95%) | incremental update | update / fresh |",
-        "|---|---:|---:|---:|---:|",
+        "| measure | fresh build (final) | base build (95%) | exact update | incremental update | exact / fresh | "
+        "incremental / fresh |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *(row(f"{task} calls", lambda s, t=task: sum(x[0] == t for x in s)) for task in TASKS),
         row("all LLM calls", len),
         *(row(f"{task} tokens", lambda s, t=task: sum(x[2] for x in s if x[0] == t)) for task in TASKS),
         row("tokens (prompt + completion)", lambda s: sum(x[2] for x in s)),
         f"| process wall time (s) | {walls['fresh']:.1f} | {walls['base']:.1f} | {walls['update']:.1f} | "
-        f"{walls['update'] / walls['fresh']:.1%} |",
+        f"{walls['incremental']:.1f} | {walls['update'] / walls['fresh']:.1%} | {walls['incremental'] / walls['fresh']:.1%} |",
         "",
+        f"- **Incremental update** (the default, `index.update: incremental`): {calls['incremental']:.1%} of a fresh "
+        f"build's calls and {share['incremental']:.1%} of its tokens (targets: at most 12% each: "
+        f"**{'met' if max(calls['incremental'], share['incremental']) <= 0.12 else 'NOT met'}**); "
+        f"{incremental['attributes'].get('stale', 0)} attributes and {incremental['communities'].get('stale', 0)} "
+        f"communities kept although their texts changed (stale); "
+        f"{incremental['attributes'].get('update', '?')}.",
+        f"- **Exact update** (`index --exact`): {calls['update']:.1%} of the calls, {share['update']:.1%} of the tokens; "
+        "what follows checks it.",
         f"- The update's requests are exactly the fresh build's requests that the base build did not make: "
         f"**{'yes' if not (stale or repeated or missing or duplicates) else 'NO'}** "
         f"({len(stale)} not in the fresh build, {len(repeated)} already made by the base build, {len(missing)} "
@@ -178,10 +202,8 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
         f"(a chunk that changed, an important entity that is new or gained or lost a text) are "
         f"{sum(t != 'community_elements' for t, _, _ in seen['update']) / len(seen['fresh']):.1%} of the fresh "
         f"build's calls.",
-        f"- `index --dry-run` before the update estimated {estimate['calls']:,} calls and "
-        f"{estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the update made {actual_calls:,} calls "
-        f"(estimate {estimate['calls'] / max(actual_calls, 1):.0%} of them) and {actual_tokens:,} tokens "
-        f"(estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(actual_tokens, 1):.0%} of them).",
+        f"- `index --dry-run` before the exact update estimated {estimated('update')}; before the incremental "
+        f"update, {estimated('incremental')}.",
     ]
     return lines, ok
 

@@ -94,6 +94,21 @@ class SimilarityConfig(_Section):
                         "candidates (more: closer to the exact lists, slower; docs/benchmarks.md)")
 
 
+class IndexConfig(_Section):
+    """How `noderag index` brings a built workspace up to date with a changed folder (docs/usage.md, "Updates")."""
+
+    update: Literal["incremental", "exact"] = Field(
+        "incremental", description="incremental: the summaries and communities of the last full build (the anchor) "
+        "are kept where their inputs changed little, so an update costs about what changed; exact: an update's "
+        "tables equal a fresh build's, at the cost of redoing every summary whose inputs moved (`index --exact`)")
+    resummarize_share: float = Field(
+        0.25, ge=0, le=1, description="incremental: an attribute or a community's elements are written again once "
+        "the texts they were written from changed by more than this share since they were written")
+    rebuild_after: float = Field(
+        0.25, ge=0, le=1, description="incremental: once this share of the chunks changed since the last full build, "
+        "the run is a full build (a new anchor) and says so (`index --rebuild` forces one)")
+
+
 class LLMConfig(_Section):
     """The engine for the LLM tasks. `offline` needs no model, key or network."""
 
@@ -196,6 +211,7 @@ class Config(_Section):
     graph: GraphConfig = GraphConfig()
     embedding: EmbeddingConfig = EmbeddingConfig()
     similarity: SimilarityConfig = SimilarityConfig()
+    index: IndexConfig = IndexConfig()
     llm: LLMConfig = LLMConfig()
     search: SearchConfig = SearchConfig()
     executor: ExecutorConfig = ExecutorConfig()

@@ -118,7 +118,8 @@ def test_queries_during_updates_always_answer_from_a_complete_build(built, secon
         cli_runs = []
         for round_ in range(6):  # six updates, alternating between the two folders
             update = subprocess.Popen([sys.executable, "-m", "noderag_cli.cli", "index", str(workspace), "--input",
-                                       str(second_corpus if round_ % 2 == 0 else SAMPLE_CORPUS), "--json"],
+                                       str(second_corpus if round_ % 2 == 0 else SAMPLE_CORPUS), "--json",
+                                       "--exact"],  # each build then equals one of the two fresh builds
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
             question = QUESTIONS[round_]
             cli_runs.append((question, noderag("query", workspace, question, "--context-only", "--json")))
@@ -141,7 +142,7 @@ def test_queries_during_updates_always_answer_from_a_complete_build(built, secon
         got = [(n["id"], n["score"]) for n in run.json()["nodes"]]
         assert got in [[(i, round(s, 8)) for i, s in option] for option in expected[question]]
     # a build a reader still held stays until the next run; then only the current one is left
-    again = index(workspace, SAMPLE_CORPUS).json()
+    again = index(workspace, SAMPLE_CORPUS, "--exact").json()
     assert all(info["skipped"] for info in again["stages"].values())
     assert [p.name for p in (workspace / "generations").iterdir()] == [build_file(workspace, "").name]
 
@@ -166,7 +167,7 @@ UPDATE_KILLS = ["similarity:commit", "assemble:start", "assemble:publish", "asse
 @pytest.mark.parametrize("point", UPDATE_KILLS)
 def test_sigkill_anywhere_in_an_update(point, built, second_corpus, second_built, expected, tmp_path):
     workspace = copy_workspace(built, tmp_path / "ws")
-    killed = index(workspace, second_corpus, env={"NODERAG_TEST_KILL_AT": point}, expect=None)
+    killed = index(workspace, second_corpus, "--exact", env={"NODERAG_TEST_KILL_AT": point}, expect=None)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     batch = tmp_path / "questions.jsonl"
     batch.write_text("\n".join(json.dumps({"question": q}) for q in QUESTIONS))
@@ -180,7 +181,7 @@ def test_sigkill_anywhere_in_an_update(point, built, second_corpus, second_built
     new_current = point == "assemble:commit"
     assert_same_tables(workspace, second_built if new_current else built)
     assert noderag("stats", workspace, "--json").returncode == 0
-    resumed = index(workspace, second_corpus).json()
+    resumed = index(workspace, second_corpus, "--exact").json()
     assert resumed["stages"]["decompose"]["skipped"]  # finished work is not redone
     assert_same_tables(workspace, second_built)
     assert [p.name for p in (workspace / "generations").iterdir()] == [build_file(workspace, "").name]

@@ -1,7 +1,9 @@
-"""Incremental indexing: after adding, changing, renaming and deleting documents (alone, together,
-and in sequence), `noderag index` on the old workspace yields the same node and edge tables as
-indexing the final folder from scratch, pays only for what changed (chunks decomposed, vectors
-computed), survives a SIGKILL mid-update, and never retrieves a deleted document again.
+"""Exact updates (`index --exact`): after adding, changing, renaming and deleting documents (alone,
+together, and in sequence), `noderag index --exact` on the old workspace yields the same node and
+edge tables as indexing the final folder from scratch, pays only for what changed (chunks
+decomposed, vectors computed), survives a SIGKILL mid-update, and never retrieves a deleted
+document again. Every run here is in exact mode; the default, incremental mode is tested in
+test_anchored_updates.py.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from conftest import (
     build_file,
     copy_corpus,
     copy_workspace,
-    index,
     noderag,
 )
+from conftest import index as run_index
 
 from noderag_cli.graph import document_id, entity_id
 from noderag_cli.index.stages import STAGE_NAMES as STAGES
@@ -42,6 +44,10 @@ Tobias Renning served as their last master pilot before the Great Storm of 1871 
 """
 
 QUESTION = "Who founded the society that awards the Greyling Medal?"
+
+
+def index(workspace: Path, folder: Path, *extra, **options):
+    return run_index(workspace, folder, "--exact", *extra, **options)
 
 
 def fresh(folder: Path, workspace: Path) -> Path:

@@ -28,10 +28,13 @@ def server():
         yield srv
 
 
-def _config(tmp_path: Path, url: str) -> Path:
+def _config(tmp_path: Path, url: str, update: str = "exact") -> Path:
+    """The fault server's engine; updates in exact mode unless `update` says otherwise (this file
+    checks updates against fresh builds; test_anchored_updates.py checks incremental ones)."""
     path = tmp_path / "fault.yaml"
     path.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": url,
-                                            "timeout_seconds": 10, "retries": 2, "concurrency": 4}}))
+                                            "timeout_seconds": 10, "retries": 2, "concurrency": 4},
+                                    "index": {"update": update}}))
     return path
 
 
@@ -256,7 +259,8 @@ def test_summaries_in_many_parts_update_to_a_fresh_build(server, tmp_path, engin
     written in several parts and levels: an update still equals a fresh build, byte for byte."""
     folder = _folder(tmp_path)
     config = tmp_path / "parts.yaml"
-    settings = yaml.safe_load(_config(tmp_path, server.url).read_text()) if engine == "litellm" else {}
+    settings = yaml.safe_load(_config(tmp_path, server.url).read_text()) if engine == "litellm" else \
+        {"index": {"update": "exact"}}
     config.write_text(yaml.safe_dump({**settings, "graph": {"summary_leaf_tokens": 60}}))
     ws = tmp_path / "ws"
     index(ws, folder, "--config", config)

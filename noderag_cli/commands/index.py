@@ -49,15 +49,22 @@ def index(
     accept_cache_loss: Annotated[bool, typer.Option(
         "--accept-cache-loss", help="go on when the workspace's cache lost paid LLM replies since the last run "
                                     "(emptied or replaced): they are asked, and paid for, again")] = False,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="this update's tables equal a fresh build's: every summary whose texts moved is written "
+                        "again (index.update: exact, for this run)")] = False,
+    rebuild: Annotated[bool, typer.Option(
+        "--rebuild", help="a full build: every attribute and community written from its texts as they are now, "
+                          "the anchor of the next incremental updates (answers the cache holds cost nothing)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
-    """Index every document under FOLDER into WORKSPACE; resumes and updates incrementally."""
+    """Index every document under FOLDER into WORKSPACE; resumes, and updates in proportion to what changed."""
     from .. import api
 
     json_mode(as_json)
     reading = api.Reading(follow_symlinks, include, exclude)
     if dry_run:
-        plan = run_api(lambda: api.plan(workspace, input, config_path=config, reading=reading, max_cost_usd=max_cost))
+        plan = run_api(lambda: api.plan(workspace, input, config_path=config, reading=reading, max_cost_usd=max_cost,
+                                        exact=exact, rebuild=rebuild))
         if as_json:
             print_json(plan)
         else:
@@ -66,7 +73,8 @@ def index(
     with progress_bars() as bars:
         reporter = RichReporter(bars) if bars is not None else LineReporter()
         result = run_api(lambda: api.index(workspace, input, config_path=config, reporter=reporter, reading=reading,
-                                        max_cost_usd=max_cost, accept_cache_loss=accept_cache_loss))
+                                        max_cost_usd=max_cost, accept_cache_loss=accept_cache_loss, exact=exact,
+                                        rebuild=rebuild))
     if as_json:
         print_json({"workspace": str(workspace), **result.as_dict()})
     else:

@@ -4,6 +4,8 @@ reads, written as a new generation, then made current by one atomic rename of CU
 A generation holds (see `workspace.py` for where it lives):
 - the node and edge tables (`workspace.NODES`, `EDGES`): the heterograph (`graph.NODE_SCHEMA`, `graph.EDGE_SCHEMA`);
 - documents.parquet: the documents table the build was made from (`chunk.DOCUMENT_SCHEMA`);
+- attribute_summaries, community_summaries and anchor_chunks (.parquet): the anchor of the next
+  incremental update (`anchor.py`), second names of the attributes and communities stages' files;
 - vectors.faiss: the flat inner-product index, in half precision (`ivf.flat_index`); row i is the node whose `vector_row` is i (a second
   name, a hard link, for the embed stage's file: every vector is stored once);
 - config.yaml: the config of the build, which `query` and `stats` read;
@@ -31,6 +33,7 @@ from ..graph import NODE_COLUMNS, NODE_SCHEMA, merge_edges
 from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
 from ..workspace import EDGES, NODES, Workspace
+from . import anchor
 
 
 def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
@@ -79,6 +82,17 @@ def counts(nodes: pa.Table, edges: pa.Table) -> dict:
                       "merged_total": edges.num_rows}}
 
 
+def anchor_counts(ws: Workspace) -> dict:
+    """How far this build is from its anchor (anchor.py): the share of the chunks changed since the
+    last full build, and the summaries kept although their texts changed since they were written."""
+    chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id"])["chunk_id"]
+    since = ws.read_table(ws.stage_path(*anchor.FILES[anchor.ANCHOR_CHUNKS]))["chunk_id"]
+    stale = {name: int(pc.sum(ws.read_table(ws.stage_path(*anchor.FILES[file]), ["stale"])["stale"]).as_py() or 0)
+             for name, file in (("stale_attributes", anchor.ATTRIBUTE_SUMMARIES),
+                                ("stale_communities", anchor.COMMUNITY_SUMMARIES))}
+    return {"changed_share": round(anchor.changed_share(since.combine_chunks(), chunks.combine_chunks()), 4), **stale}
+
+
 def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[str, ...], edge_stages: tuple[str, ...],
         before_publish: Callable[[], None]) -> dict:
     """Write the build of the stages that make nodes and edges as a new generation and make it
@@ -96,6 +110,8 @@ def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[st
         writer.table("edges", edges)
         writer.table("documents", documents)
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
+        for name, (stage, file) in anchor.FILES.items():  # what the next incremental update keeps its work against
+            writer.link(f"{name}.parquet", ws.stage_path(stage, file))
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id", "doc_id", "start", "end", "location"])
         prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
@@ -109,6 +125,7 @@ def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[st
         for job in written:
             job.result()
     built = counts(nodes, edges)
+    built["anchor"] = anchor_counts(ws)
     embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     contents = writer.commit({"embedding": embedding, "counts": built, "query": prepared.meta})
     before_publish()

@@ -19,6 +19,7 @@ from .. import nlp
 from ..engines.base import AttributeInput, Engine, Failure
 from ..graph import Graph, NodeSet, attribute_id, make_edges
 from . import summaries
+from .anchor import Anchor, summaries_table, text_hash
 
 
 def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
@@ -112,9 +113,12 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int, leaf_tokens: int,
     progress: Callable[[int], None] | None = None, count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
-) -> tuple[pa.Table, pa.Table, dict[str, str]]:
-    """A nodes, A-N edges and failures per entity id. Reads the `tokens` column of `nodes`. An
-    attribute is written in parts of about `leaf_tokens` (index/summaries.py)."""
+    anchor: Anchor | None = None, resummarize_share: float = 0.0,
+) -> tuple[pa.Table, pa.Table, dict[str, str], pa.Table]:
+    """A nodes, A-N edges, failures per entity id, and the summaries record (`anchor.py`). Reads
+    the `tokens` column of `nodes`. An attribute is written in parts of about `leaf_tokens`
+    (index/summaries.py); with an `anchor`, an entity whose texts changed by at most
+    `resummarize_share` since its attribute was written keeps it, and nothing is asked."""
     graph = Graph.from_tables(nodes, edges)
     chosen = important_entities(graph, pivots, seed)
     texts = nodes["text"].to_pylist()
@@ -132,23 +136,37 @@ def run(
         items.append(AttributeInput(entity=names[i] or texts[i], texts=tuple(texts[j] for j in picked)))
         sources.append((i, picked))
         counts.append(tokens[picked].tolist())
+    inputs = [[text_hash(t) for t in item.texts] for item in items]
+    kept = [anchor.kept(anchor.attributes, graph.ids[i], hashes, resummarize_share) if anchor else None
+            for (i, _), hashes in zip(sources, inputs, strict=True)]
+    todo = [k for k, summary in enumerate(kept) if summary is None]
+
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
-        return engine.attributes([AttributeInput(entity=items[i].entity, texts=texts) for i, texts in requests])
+        return engine.attributes([AttributeInput(entity=items[todo[i]].entity, texts=texts) for i, texts in requests])
 
     def as_texts(i: int, summary: str) -> list[str]:
-        return nlp.split_sentences(summary.removeprefix(f"{items[i].entity}: "))
+        return nlp.split_sentences(summary.removeprefix(f"{items[todo[i]].entity}: "))
 
-    results = summaries.in_parts([item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed, count_tokens,
-                                 progress)
+    if progress is not None and len(todo) < len(items):
+        progress(len(items) - len(todo))
+    asked = summaries.in_parts([items[k].texts for k in todo], [counts[k] for k in todo], ask, as_texts, leaf_tokens,
+                               seed, count_tokens, progress)
+    results = [summary.texts[0] if summary is not None else None for summary in kept]
+    for k, result in zip(todo, asked, strict=True):
+        results[k] = result
     built = NodeSet()
-    pairs, failures = [], {}
-    for (i, picked), result in zip(sources, results, strict=True):
+    pairs, failures, records = [], {}, []
+    for (i, picked), result, summary, hashes in zip(sources, results, kept, inputs, strict=True):
         if isinstance(result, Failure):
             failures[graph.ids[i]] = result.reason
             continue
+        if summary is None:
+            records.append((graph.ids[i], hashes, [result], [], False))
+        else:
+            records.append((graph.ids[i], summary.inputs, summary.texts, [], summary.inputs != set(hashes)))
         if not result.strip():  # dropped as ungrounded: the entity gets no attribute
             continue
         provenance = sorted({c for j in picked for c in chunk_ids[j]})
         a = built.add(attribute_id(graph.ids[i]), result, provenance, name=names[i])
         pairs.append((a, graph.ids[i]))
-    return built.table(count_tokens), make_edges(pairs, "A-N"), failures
+    return built.table(count_tokens), make_edges(pairs, "A-N"), failures, summaries_table(records)

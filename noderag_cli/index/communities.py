@@ -22,9 +22,10 @@ import pyarrow as pa
 
 from .. import nlp
 from ..embeddings import Embedder
-from ..engines.base import CommunityInput, Engine, Failure
+from ..engines.base import CommunityInput, Element, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
 from . import summaries
+from .anchor import Anchor, summaries_table, text_hash
 
 
 def _igraph():
@@ -78,6 +79,36 @@ def leiden_labels(n: int, rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     return np.asarray(clustering.membership, dtype=np.int32)
 
 
+def anchored(graph: Graph, anchor: dict[str, int], seed: int, resolution: float) -> np.ndarray:
+    """Community label per node, the anchor's where the node was clustered then: a new node joins
+    the community its edges weigh most to (ties: the lower label), a round at a time, so that
+    a chain of new nodes joins through its first member; the new nodes no anchored node reaches are
+    clustered among themselves (Leiden), under labels the anchor never used."""
+    labels = np.array([anchor.get(i, -1) for i in graph.ids.tolist()], dtype=np.int64)
+    adjacency = graph.adjacency.tocsr()
+    while True:
+        free = np.flatnonzero(labels < 0)
+        if not len(free):
+            break
+        reach = adjacency[free].tocoo()
+        known = labels[reach.col] >= 0
+        if not known.any():
+            break
+        rows, joined, weight = reach.row[known], labels[reach.col[known]], reach.data[known]
+        pairs, where = np.unique(np.column_stack([rows, joined]), axis=0, return_inverse=True)
+        total = np.bincount(where.ravel(), weights=weight, minlength=len(pairs))
+        order = np.lexsort((pairs[:, 1], -total, pairs[:, 0]))  # per row: heaviest, then lowest label
+        first = order[np.r_[True, pairs[order[1:], 0] != pairs[order[:-1], 0]]]
+        labels[free[pairs[first, 0]]] = pairs[first, 1]
+    rest = np.flatnonzero(labels < 0)
+    if len(rest):
+        inside = adjacency[rest][:, rest].tocoo()
+        upper = inside.row < inside.col
+        own = leiden_labels(len(rest), inside.row[upper], inside.col[upper], inside.data[upper], seed, resolution)
+        labels[rest] = own + max(anchor.values(), default=-1) + 1
+    return labels.astype(np.int32)
+
+
 def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
     """Cluster of each vector: seeded spherical K-means, K = ceil(sqrt(n)). faiss splits each
     update's centroids among its threads, each summing its centroids' points in point order, so the
@@ -116,13 +147,16 @@ def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, embedder: Embedder, seed: int, resolution: float,
     max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
-    count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
-) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str]]:
-    """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures.
-    Reads the `tokens` column of `nodes`. A community's elements are written in parts of about
-    `leaf_tokens` (index/summaries.py)."""
+    count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens, anchor: Anchor | None = None,
+    resummarize_share: float = 0.0,
+) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str], pa.Table]:
+    """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures, and the
+    summaries record (`anchor.py`). Reads the `tokens` column of `nodes`. A community's elements
+    are written in parts of about `leaf_tokens` (index/summaries.py). With an `anchor`, its
+    communities stay (`anchored`), and one whose shown texts changed by at most
+    `resummarize_share` since its elements were written keeps them, and nothing is asked."""
     graph = Graph.from_tables(nodes, edges)
-    membership = leiden(graph, seed, resolution)
+    membership = anchored(graph, anchor.membership, seed, resolution) if anchor else leiden(graph, seed, resolution)
     texts = nodes["text"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
@@ -133,21 +167,37 @@ def run(
         shown.append(picked)
         counts.append(all_tokens[picked].tolist())
 
+    inputs = [[text_hash(t) for t in item.texts] for item in items]
+    kept = [anchor.kept(anchor.communities, item.community, hashes, resummarize_share) if anchor else None
+            for item, hashes in zip(items, inputs, strict=True)]
+    todo = [k for k, summary in enumerate(kept) if summary is None]
+
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
-        return engine.community_elements([CommunityInput(items[i].community, texts) for i, texts in requests])
+        return engine.community_elements([CommunityInput(items[todo[i]].community, texts) for i, texts in requests])
 
     def as_texts(_: int, elements: list) -> list[str]:
         return [f"{e.title}: {e.description}" for e in elements]
 
-    results = summaries.in_parts([item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed, count_tokens,
-                                 progress)
+    if progress is not None and len(todo) < len(items):
+        progress(len(items) - len(todo))
+    asked = summaries.in_parts([items[k].texts for k in todo], [counts[k] for k in todo], ask, as_texts, leaf_tokens,
+                               seed, count_tokens, progress)
+    results = [[Element(t, d) for t, d in zip(summary.titles, summary.texts, strict=True)] if summary else None
+               for summary in kept]
+    for k, result in zip(todo, asked, strict=True):
+        results[k] = result
 
     built = NodeSet()
-    h_o, h_community, failures = [], {}, {}
-    for item, picked, result in zip(items, shown, results, strict=True):
+    h_o, h_community, failures, records = [], {}, {}, []
+    for item, picked, result, summary, hashes in zip(items, shown, results, kept, inputs, strict=True):
         if isinstance(result, Failure):
             failures[f"community {item.community}"] = result.reason
             continue
+        key = str(item.community)
+        if summary is None:
+            records.append((key, hashes, [e.description for e in result], [e.title for e in result], False))
+        else:
+            records.append((key, summary.inputs, summary.texts, summary.titles, summary.inputs != set(hashes)))
         provenance = sorted({c for i in picked for c in chunk_ids[i]})
         for element in result:
             if not element.title.strip() or not element.description.strip():
@@ -177,4 +227,4 @@ def run(
     ids = graph.ids.tolist() + new_nodes["id"].to_pylist()
     labels = membership.tolist() + [h_community.get(i, -1) for i in new_nodes["id"].to_pylist()]
     assignments = pa.table({"id": pa.array(ids, pa.string()), "community": pa.array(labels, pa.int32())})
-    return new_nodes, new_edges, assignments, failures
+    return new_nodes, new_edges, assignments, failures, summaries_table(records)

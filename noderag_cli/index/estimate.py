@@ -68,7 +68,7 @@ class _RecordingEngine(OfflineEngine):
         return self._answer("community_elements", items, super().community_elements, progress)
 
 
-def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
+def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: bool = False) -> dict:
     from ..engines import pricing, prompts
 
     cache = ws.read_only_cache()  # a dry run writes nothing to the workspace
@@ -85,7 +85,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config) -> dict:
         scratch_ws.create()
         try:
             run_pipeline(scratch_ws, Path(input_folder), offline, recorder, recorder.embedder, Executor(),
-                         stop_after="communities")
+                         stop_after="communities", rebuild=rebuild, anchor_from=ws)
             embedded = _embedded_texts(scratch_ws, recorder)
         finally:
             scratch_ws.close()
@@ -149,7 +149,7 @@ def _unique(items: list) -> list:
     return list({repr(item): item for item in items}.values())
 
 
-def spending_cap(ws: Workspace, input_folder: Path, config: Config) -> SpendingCap | None:
+def spending_cap(ws: Workspace, input_folder: Path, config: Config, rebuild: bool = False) -> SpendingCap | None:
     """The run's spending cap (`llm.max_cost_usd`) for the transports to enforce, once the run's
     estimate is known to fit in it. BadInputError (the run does not start) when a paid model has no
     price to count with, or when the estimate is over the cap. None without a cap or a paid model."""
@@ -163,7 +163,7 @@ def spending_cap(ws: Workspace, input_folder: Path, config: Config) -> SpendingC
         if pricing.price_of(settings.model, 1000, 1000, settings.price_per_million_tokens) is None:
             raise BadInputError(f"a spending cap needs the price of {settings.model}, which litellm's price table "
                                 f"does not have: set {section}.price_per_million_tokens (input and output, USD)")
-    estimate = estimate_llm(ws, input_folder, config)["total"]["cost_usd"]
+    estimate = estimate_llm(ws, input_folder, config, rebuild)["total"]["cost_usd"]
     if estimate > limit:
         raise BadInputError(f"this run is estimated at ${estimate:.4f}, over the spending cap of ${limit:.4f} "
                             f"(llm.max_cost_usd): raise it with --max-cost {_round_up(estimate * 1.3)}, or see the "

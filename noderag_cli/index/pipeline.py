@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import readers
-from ..config import COST_ONLY, Config, config_to_yaml
+from ..config import COST_ONLY, Config, changed, config_to_yaml
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
@@ -155,10 +155,11 @@ class Decision:
 
 
 def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str, upstream: dict[str, str | None],
-           scan_digest: str) -> Decision:
+           scan_digest: str, rebuild: bool = False) -> Decision:
     """Whether a stage must run: the one rule for `index` and `index --dry-run`. `upstream`
     holds the digests of the upstream outputs, None for one that is about to be rewritten (the
-    dry-run's case: then a stage whose other inputs match may still find its inputs unchanged)."""
+    dry-run's case: then a stage whose other inputs match may still find its inputs unchanged).
+    `rebuild` (`index --rebuild`): the stages that keep work against the anchor run."""
     if entry is None or not entry.done:
         return Decision(True, "interrupted before" if entry is not None and entry.state == RUNNING else "not run yet")
     if entry.settings != settings:
@@ -172,6 +173,8 @@ def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str,
         return Decision(True, "the input folder changed" if stage.reads_input else "its inputs changed", expected)
     if outputs_digest(ws, stage) != entry.outputs:
         return Decision(True, OUTPUTS_DAMAGED, expected)
+    if rebuild and stage.anchored:
+        return Decision(True, "a full build was asked (--rebuild)", expected)
     return Decision(False, "unchanged", expected)
 
 
@@ -181,12 +184,20 @@ def scan_digest_of(files) -> str:
     return json_digest([(f.path, f.content_hash, *((f.reason,) if f.kept else ())) for f in files])
 
 
+def run_config(config: Config, exact: bool) -> Config:
+    """The config a run builds with: `index --exact` over `index.update`, for this run only."""
+    return config.model_copy(update={"index": changed(config.index, update="exact")}) if exact else config
+
+
 def run_pipeline(
     ws: Workspace, input_folder: Path, config: Config, engine: Engine, embedder: Embedder, executor: Executor,
-    reporter: Reporter | None = None, stop_after: str | None = None,
+    reporter: Reporter | None = None, stop_after: str | None = None, exact: bool = False, rebuild: bool = False,
+    anchor_from: Workspace | None = None,
 ) -> IndexResult:
     """Index input_folder into ws, the per-document and per-chunk work on `executor`. Caller holds
-    the workspace lock."""
+    the workspace lock. `exact`: this run updates in exact mode (`index.update`), whatever the
+    config says (which is kept as it is); `rebuild`: a full build whatever changed (a new anchor);
+    `anchor_from`: the workspace whose build anchors an incremental update (anchor.py; default ws)."""
     reporter = reporter or Reporter()
     log = ws.logger()
     started = time.perf_counter()
@@ -221,6 +232,7 @@ def run_pipeline(
     manifest.input = str(Path(input_folder).resolve())
     manifest.save(ws)
     atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
+    config = run_config(config, exact)
 
     digests: dict[str, str] = {}
     engine_log = logging.getLogger("noderag.llm")  # the engine's lines (its waits on the server) into noderag.log
@@ -230,7 +242,7 @@ def run_pipeline(
         engine_log.addHandler(handler)
     try:
         _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
-                    scan, result, log)
+                    scan, result, log, rebuild, anchor_from)
     finally:
         for handler in log.handlers:
             engine_log.removeHandler(handler)
@@ -250,12 +262,12 @@ def run_pipeline(
 
 def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
                 stop_after: str | None, manifest: Manifest, digests: dict, executor: Executor,
-                scan: str, result: IndexResult, log) -> None:
+                scan: str, result: IndexResult, log, rebuild: bool, anchor_from: Workspace | None) -> None:
     """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
     for stage in STAGES:
         settings = settings_digest(config, engine.identity, stage)
         entry = manifest.entry(stage.name)
-        decision = decide(ws, stage, entry, settings, digests, scan)
+        decision = decide(ws, stage, entry, settings, digests, scan, rebuild)
         if not decision.run:
             digests[stage.name] = entry.outputs
             reporter.stage_finished(stage.name, 0.0, skipped=True)
@@ -280,7 +292,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, (entry.files or {}) if entry is not None and entry.done else {}))
+                                  executor, (entry.files or {}) if entry is not None and entry.done else {},
+                                  rebuild, anchor_from))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from ..engines import make_engine
 from ..errors import DamagedError, WorkspaceError
 from ..executor import make_executor
 from ..workspace import Workspace
-from .pipeline import IndexResult, run_pipeline
+from .pipeline import IndexResult, run_config, run_pipeline
 from .scan import check_input_folder
 from .stages import Reporter
 from .state import Manifest, cache_loss
@@ -49,12 +49,13 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 def index(
     workspace: str | Path, input_folder: str | Path, config: Config | None = None, config_path: Path | None = None,
     reporter: Reporter | None = None, stop_after: str | None = None, reading: Reading | None = None,
-    max_cost_usd: float | None = None, accept_cache_loss: bool = False,
+    max_cost_usd: float | None = None, accept_cache_loss: bool = False, exact: bool = False, rebuild: bool = False,
 ) -> IndexResult:
     """Index (or update) WORKSPACE from every document under input_folder. `reading`, where given,
     over the config's `chunk` settings of what to read (and kept in its snapshot); `max_cost_usd`
     over `llm.max_cost_usd`, for this run. A cache that lost paid LLM replies since the last run
-    (emptied or replaced) stops the run unless `accept_cache_loss` (`_check_cache_kept`).
+    (emptied or replaced) stops the run unless `accept_cache_loss` (`_check_cache_kept`). `exact`:
+    this run updates in exact mode; `rebuild`: a full build (`run_pipeline`).
 
     Raises InputError (bad input folder), ConfigError, BadInputError (the estimate is over the
     spending cap), WorkspaceError (path is a file, locked, other embedding model, cannot be
@@ -71,7 +72,7 @@ def index(
     if config.llm.max_cost_usd is not None:
         from .estimate import spending_cap
 
-        cap = spending_cap(ws, Path(input_folder), config)  # before anything is changed: refused runs change nothing
+        cap = spending_cap(ws, Path(input_folder), run_config(config, exact), rebuild)  # before anything is changed: refused runs change nothing
     with ws.lock():
         aside = ws.set_aside_manifest()
         if aside is not None:
@@ -86,24 +87,24 @@ def index(
         else:
             _check_cache_kept(ws, Path(input_folder), reporter, accept_cache_loss)
         try:
-            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap)
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap, exact, rebuild)
         except sqlite3.DatabaseError as err:  # found damaged while the run read it: salvaged, then one more go
             _salvage_damaged_cache(ws, str(err), reporter)
         try:
-            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap)
+            return _run_index(ws, Path(input_folder), config, reporter, stop_after, cap, exact, rebuild)
         except sqlite3.DatabaseError as err:
             raise WorkspaceError(f"workspace file {ws.cache_path} is still unusable after salvage ({err}); "
                                  "move it aside and run `noderag index` again") from err
 
 
 def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Reporter | None,
-               stop_after: str | None, cap=None) -> IndexResult:
+               stop_after: str | None, cap=None, exact: bool = False, rebuild: bool = False) -> IndexResult:
     executor = make_executor(config.executor)
     try:
         reporter = reporter or Reporter()
         embedder = Embedder(config.embedding, ws.cache, executor, cap=cap)
         engine = make_engine(config, ws.cache, embedder, executor, notice=reporter.warn, cap=cap)
-        return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after)
+        return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after, exact, rebuild)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
             raise

@@ -34,7 +34,7 @@ from ..files import atomic_write_with, file_digest, write_parquet
 from ..graph import edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import EDGES, NODES, Workspace
-from . import assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
+from . import anchor, assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 
 KILL_ENV = "NODERAG_TEST_KILL_AT"
 
@@ -64,6 +64,14 @@ class StageRun:
     reporter: Reporter
     executor: Executor
     recorded: dict = field(default_factory=dict)  # the checksums of its outputs the last committed run recorded
+    rebuild: bool = False  # `index --rebuild`: summaries and communities built in full, a new anchor
+    anchor_from: Workspace | None = None  # whose published build is the anchor (default: ws; the estimate's is another)
+
+    def load_anchor(self) -> tuple[anchor.Anchor | None, str]:
+        """The anchor an anchored stage keeps its work against, or None and why it builds in full
+        (`anchor.load`)."""
+        chunk_ids = self.read("chunk", "chunks.parquet", ["chunk_id"])["chunk_id"].combine_chunks()
+        return anchor.load(self.anchor_from or self.ws, self.config.index, chunk_ids, self.rebuild)
 
     def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
         return self.ws.read_table(self.ws.stage_path(stage, name), columns)
@@ -138,6 +146,7 @@ class Stage:
     outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead; its function
     # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
+    anchored: bool = False  # keeps its work against the last full build in an incremental update (anchor.py)
     version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
 
     @property
@@ -201,27 +210,42 @@ def _attributes(run: StageRun) -> dict:
     g = run.config.graph
     nodes, edges = run.nodes("decompose"), run.edges("decompose")
     run.reporter.stage_started(run.stage.name, None)
-    new_nodes, new_edges, failures = attributes.run(
+    kept_against, why = run.load_anchor()
+    new_nodes, new_edges, failures, summaries = attributes.run(
         nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
-        run.reporter.advance,
+        run.reporter.advance, anchor=kept_against, resummarize_share=run.config.index.resummarize_share,
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed}
+    run.write("summaries.parquet", summaries)
+    anchor_chunks = kept_against.chunks if kept_against else run.read("chunk", "chunks.parquet", ["chunk_id"])["chunk_id"]
+    run.write("anchor_chunks.parquet", anchor.chunks_table(anchor_chunks))
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed, **_anchor_info(kept_against, why, summaries)}
 
 
 def _communities(run: StageRun) -> dict:
     g = run.config.graph
     nodes, edges = run.nodes("decompose", "attributes"), run.edges("decompose", "attributes")
     run.reporter.stage_started(run.stage.name, None)
-    new_nodes, new_edges, assignments, failures = communities.run(
+    kept_against, why = run.load_anchor()
+    new_nodes, new_edges, assignments, failures, summaries = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-        g.summary_leaf_tokens, run.reporter.advance,
+        g.summary_leaf_tokens, run.reporter.advance, anchor=kept_against,
+        resummarize_share=run.config.index.resummarize_share,
     )
     failed = run.commit_graph(new_nodes, new_edges, failures)
     run.write("assignments.parquet", assignments.sort_by("id"))
+    run.write("summaries.parquet", summaries)
     n_communities = len(set(assignments["community"].to_pylist()) - {-1})
-    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed}
+    return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed,
+            **_anchor_info(kept_against, why, summaries)}
+
+
+def _anchor_info(kept_against: anchor.Anchor | None, why: str, summaries: pa.Table) -> dict:
+    """What an anchored stage reports: how it built its summaries, and how many it kept stale."""
+    if kept_against is None:
+        return {"update": f"full build ({why})"}
+    return {"update": f"incremental ({why})", "stale": int(pc.sum(summaries["stale"]).as_py() or 0)}
 
 
 def _text(run: StageRun) -> dict:
@@ -294,10 +318,11 @@ STAGES: tuple[Stage, ...] = (
           reads_input=True),
     Stage("decompose", _decompose, upstream=("chunk",), settings=("engine",), task="decompose",
           outputs=(*GRAPH_OUTPUTS, "occurrences.parquet", "links.parquet")),
-    Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph"), task="attributes",
-          outputs=GRAPH_OUTPUTS),
-    Stage("communities", _communities, upstream=("decompose", "attributes"), settings=("engine", "graph", "embedding"),
-          task="community_elements", outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet")),
+    Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph", "index"), task="attributes",
+          outputs=(*GRAPH_OUTPUTS, "summaries.parquet", "anchor_chunks.parquet"), anchored=True),
+    Stage("communities", _communities, upstream=("decompose", "attributes"),
+          settings=("engine", "graph", "embedding", "index"), task="community_elements",
+          outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet", "summaries.parquet"), anchored=True),
     Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
           outputs=("ids.parquet", "vectors.faiss")),

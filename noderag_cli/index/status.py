@@ -15,7 +15,7 @@ from ..generation import repair_hint
 from ..node_types import NODE_TYPES
 from ..workspace import Workspace
 from .chunk import document_chunks
-from .pipeline import damaged_outputs, decide, scan_digest_of, settings_digest
+from .pipeline import damaged_outputs, decide, run_config, scan_digest_of, settings_digest
 from .run import Reading, workspace_config
 from .scan import scan
 from .stages import STAGES
@@ -54,6 +54,7 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
             report["generation"] = generation.name
             report["nodes"], report["edges"] = dict(built["nodes"]), built["edges"]
             report["vectors"]["count"] = built["vectors"]
+            report["anchor"] = built.get("anchor")  # builds made before incremental updates have none
             if verify:
                 problems = generation.verify()
                 if problems:
@@ -104,14 +105,15 @@ def stats(workspace: str | Path, verify: bool = False) -> dict:
 
 
 def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | None = None,
-         reading: Reading | None = None, max_cost_usd: float | None = None) -> dict:
+         reading: Reading | None = None, max_cost_usd: float | None = None, exact: bool = False,
+         rebuild: bool = False) -> dict:
     """What `index` would do, without writing anything: documents new, changed, renamed, deleted and
     unchanged since the last complete build; chunks still to decompose; each stage's fate, by the
     pipeline's own rule (`pipeline.decide`); and with an LLM engine, the estimated calls, tokens
-    and cost, and whether they fit in the spending cap."""
+    and cost, and whether they fit in the spending cap. `exact`, `rebuild`: as `index` takes them."""
     ws = Workspace(Path(workspace))
     ws.check_usable()
-    config = workspace_config(ws, config_path, reading)
+    config = run_config(workspace_config(ws, config_path, reading), exact)
     if max_cost_usd is not None:
         config = config.model_copy(update={"llm": changed(config.llm, max_cost_usd=max_cost_usd)})
     files = scan(Path(input_folder), config.chunk, memory=ws.read_only_cache())
@@ -131,7 +133,8 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     digests: dict[str, str | None] = {}
     for stage in STAGES:
         entry = manifest.entry(stage.name)
-        decision = decide(ws, stage, entry, settings_digest(config, engine_identity, stage), digests, scan_digest)
+        decision = decide(ws, stage, entry, settings_digest(config, engine_identity, stage), digests, scan_digest,
+                          rebuild)
         digests[stage.name] = None if decision.run else entry.outputs
         stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
@@ -145,7 +148,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     if config.paid():
         from .estimate import estimate_llm
 
-        result["llm"] = estimate_llm(ws, Path(input_folder), config)
+        result["llm"] = estimate_llm(ws, Path(input_folder), config, rebuild)
         limit, estimate = config.llm.max_cost_usd, result["llm"]["total"]["cost_usd"]
         if limit is not None:
             result["llm"]["spending_cap"] = {"limit_usd": limit, "fits": None if estimate is None else estimate <= limit}

@@ -1,0 +1,146 @@
+"""The anchor of an incremental update: what the last full build summarised, and from which texts.
+
+An incremental update (`index.update: incremental`, the default) keeps an entity's attribute and a
+community's elements while the texts they were written from changed by at most
+`index.resummarize_share`, and keeps the communities of the last full build, new nodes joining
+them (communities.py). What it keeps them against is the anchor: each summary's result and the
+hashes of the texts it was written from, the community of every node, and the chunks of the last
+full build (to tell how much of the corpus changed since).
+
+The anchor is read from the published generation, never from a stage's own files: CURRENT only
+changes when a run publishes, so an update killed anywhere resumes against the same anchor and
+ends in the same bytes. A summary kept keeps the hashes it was written from, so a run of small
+updates adds up until the share is passed, rather than each small change resetting it.
+
+A run is a full build (no anchor) in exact mode, on `index --rebuild`, on a workspace without
+one, and once more than `index.rebuild_after` of the chunks changed since the last full build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..config import IndexConfig
+from ..errors import WorkspaceError
+from ..generation import Generation
+from ..workspace import Workspace
+
+SUMMARIES_SCHEMA = pa.schema([
+    ("key", pa.string()),  # the entity's node id, or the community's label
+    ("inputs", pa.list_(pa.string())),  # the hashes of the texts it was written from (sorted)
+    ("texts", pa.list_(pa.string())),  # its result: an attribute's one text, a community's element descriptions
+    ("titles", pa.list_(pa.string())),  # a community's element titles (an attribute: none)
+    ("stale", pa.bool_()),  # kept although its texts changed since it was written
+])
+CHUNKS_SCHEMA = pa.schema([("chunk_id", pa.string())])
+
+# the anchor's files in a generation, written by assemble from the stages' outputs of the same names
+ATTRIBUTE_SUMMARIES = "attribute_summaries"
+COMMUNITY_SUMMARIES = "community_summaries"
+ANCHOR_CHUNKS = "anchor_chunks"
+FILES = {ATTRIBUTE_SUMMARIES: ("attributes", "summaries.parquet"),
+         COMMUNITY_SUMMARIES: ("communities", "summaries.parquet"),
+         ANCHOR_CHUNKS: ("attributes", "anchor_chunks.parquet")}
+
+
+def text_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class Summary:
+    inputs: frozenset[str]
+    texts: tuple[str, ...]
+    titles: tuple[str, ...]
+
+
+@dataclass
+class Anchor:
+    """What an incremental update keeps its summaries and communities against."""
+
+    chunks: pa.Array  # the chunk ids of the last full build
+    attributes: dict[str, Summary]  # by entity node id
+    communities: dict[int, Summary]  # by community label
+    membership: dict[str, int]  # node id -> community, for the nodes the last build clustered
+    changed_share: float
+
+    def kept(self, summaries: dict, key, inputs: list[str], share: float) -> Summary | None:
+        """The anchor's summary for `key` if its texts changed by at most `share` of them."""
+        summary = summaries.get(key)
+        if summary is None:
+            return None
+        now = set(inputs)
+        return summary if len(summary.inputs ^ now) <= share * max(len(summary.inputs), 1) else None
+
+
+def changed_share(anchor_chunks: pa.Array, chunk_ids: pa.Array) -> float:
+    """The share of chunks added or removed since the anchor, over the chunks of either (a changed
+    chunk counts once removed and once added): 1 - |A ∩ B| / |A ∪ B|."""
+    a = np.unique(np.asarray(anchor_chunks.to_pylist(), dtype=object).astype(str))
+    b = np.unique(np.asarray(chunk_ids.to_pylist(), dtype=object).astype(str))
+    union = len(np.union1d(a, b))
+    return 0.0 if union == 0 else 1.0 - len(np.intersect1d(a, b, assume_unique=True)) / union
+
+
+def full_build_reason(config: IndexConfig, rebuild: bool) -> str | None:
+    if config.update == "exact":
+        return "exact mode"
+    if rebuild:
+        return "--rebuild"
+    return None
+
+
+def load(source: Workspace, config: IndexConfig, chunk_ids: pa.Array, rebuild: bool) -> tuple[Anchor | None, str]:
+    """The anchor this run keeps its summaries against, or None and why the run builds them in full."""
+    reason = full_build_reason(config, rebuild)
+    if reason is not None:
+        return None, reason
+    try:
+        generation = source.open_generation()
+    except WorkspaceError:
+        return None, "no earlier build"
+    try:
+        if not all(f"{name}.parquet" in generation.manifest.get("files", {}) for name in FILES):
+            return None, "the earlier build has no anchor"
+        anchor = _read(generation, chunk_ids)
+    except WorkspaceError:  # a damaged anchor file: `index` checks the generation's files before it runs
+        return None, "the earlier build's anchor cannot be read"
+    finally:
+        generation.close()
+    if anchor.changed_share > config.rebuild_after:
+        return None, (f"{anchor.changed_share:.0%} of the chunks changed since the last full build "
+                      f"(over index.rebuild_after, {config.rebuild_after:.0%})")
+    return anchor, f"{anchor.changed_share:.0%} of the chunks changed since the last full build"
+
+
+def _read(generation: Generation, chunk_ids: pa.Array) -> Anchor:
+    chunks = generation.table(ANCHOR_CHUNKS)["chunk_id"]
+    nodes = generation.table("nodes", ["id", "community"])
+    clustered = np.flatnonzero(nodes["community"].to_numpy() >= 0)
+    membership = dict(zip(nodes["id"].take(pa.array(clustered)).to_pylist(),
+                          nodes["community"].to_numpy()[clustered].tolist(), strict=True))
+    return Anchor(chunks, _summaries(generation.table(ATTRIBUTE_SUMMARIES), str),
+                  _summaries(generation.table(COMMUNITY_SUMMARIES), int), membership,
+                  changed_share(chunks, chunk_ids))
+
+
+def _summaries(table: pa.Table, key_type) -> dict:
+    return {key_type(row["key"]): Summary(frozenset(row["inputs"]), tuple(row["texts"]), tuple(row["titles"]))
+            for row in table.to_pylist()}
+
+
+def summaries_table(rows: list[tuple[str, list[str], list[str], list[str], bool]]) -> pa.Table:
+    """(key, input hashes, texts, titles, stale) per summary, sorted by key."""
+    rows = sorted(rows, key=lambda r: r[0])
+    return pa.table({"key": [r[0] for r in rows], "inputs": [sorted(r[1]) for r in rows],
+                     "texts": [list(r[2]) for r in rows], "titles": [list(r[3]) for r in rows],
+                     "stale": [r[4] for r in rows]}, schema=SUMMARIES_SCHEMA)
+
+
+def chunks_table(chunk_ids) -> pa.Table:
+    ids = sorted(set(chunk_ids.to_pylist() if isinstance(chunk_ids, pa.Array | pa.ChunkedArray) else chunk_ids))
+    return pa.table({"chunk_id": pa.array(ids, pa.string())}, schema=CHUNKS_SCHEMA)
