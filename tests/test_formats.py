@@ -164,7 +164,7 @@ def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(folder, tmp_pa
     # one PDF changed: read again, alone; and the tables equal a fresh build of the folder
     make.write_pdf(docs / "reports" / "survey.pdf", "Harbour Survey", PAGES[:2] + [("Tides", [
         "Spring tides at the Tallis beacon rise nineteen feet."])], header="Vessmouth Harbour Board")
-    changed = json.loads(index(ws, docs).stdout)["stages"]["chunk"]
+    changed = json.loads(index(ws, docs, "--exact").stdout)["stages"]["chunk"]
     assert changed["extracted"] == 1
     fresh = tmp_path / "fresh"
     index(fresh, docs, "--config", _config(tmp_path, chunk_tokens=300))

@@ -100,7 +100,7 @@ def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_b
     documents[0].unlink()
     documents[1].write_text(documents[1].read_text() + "\n\nThe archive moved to Dunholt in 1977 after the flood.\n")
     (folder / "new.md").write_text("# Calder Point\n\nCalder Point Shipworks built the Orlen ferries in 1911.\n")
-    updated = index(workspace, folder, "--config", clustered_config)
+    updated = index(workspace, folder, "--config", clustered_config, "--exact")
     assert updated.json()["stages"]["similarity"]["skipped"] is False
     fresh = tmp_path / "fresh"
     index(fresh, folder, "--config", clustered_config)

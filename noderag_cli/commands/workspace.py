@@ -69,9 +69,9 @@ def stats(
     out.print(f"current build: {report['generation'] or 'none yet'}")
     if report.get("anchor"):
         kept = report["anchor"]
-        out.print(f"since the last full build: {kept['changed_share']:.1%} of the chunks changed; kept although their "
-                  f"texts changed: {kept['stale_attributes']:,} attributes, {kept['stale_communities']:,} "
-                  "communities (`noderag index --rebuild` writes them anew)")
+        out.print(f"since the last full build: {kept['changed_share']:.1%} of the chunks changed")
+        out.print(f"stale summaries: {kept['stale_attributes']:,} attributes, {kept['stale_communities']:,} "
+                  "communities (index --rebuild)")
     if "verified" in report:
         out.print(f"verified: {report['verified']['files']} files of {report['verified']['generation']}, "
                   "every checksum matches")
