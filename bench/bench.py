@@ -2,8 +2,8 @@
 
     python -m bench.bench [--out docs/benchmarks.md] [--data ../shared/eval] [--quick]
 
-Sections: indexing (time per stage, peak memory, resume, determinism, incremental; and an
-update's LLM calls with an LLM engine),
+Sections: indexing (time per stage, peak memory, resume, determinism, incremental; an update's
+LLM calls with an LLM engine; the drift of ten incremental updates against fresh builds),
 retrieval quality and latency against plain vector search at equal budgets, each hop of
 multi-hop questions and the offline answer (bench_hops), the ablation table, and the LLM
 engine's limiter and overhead. Reads the question sets from
@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "What hostile input costs", 3600))
     sections.append(_module_section("bench.bench_llm_incremental", data_args,
                                     "Incremental update with an LLM engine", 1800))
+    sections.append(_module_section("bench.bench_drift", data_args, "Drift of incremental updates", 3600))
     sections.append(_module_section("bench.bench_startup", [], "Start-up", 600))
     sections.append(_module_section("bench.bench_estimate", [], "Dry-run estimate", 900))
     smollm2 = ROOT / "docs" / "benchmarks-estimate-smollm2.md"  # `bench_estimate --upstream`, run on its own

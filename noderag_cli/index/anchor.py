@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..config import IndexConfig
 from ..errors import WorkspaceError
@@ -80,10 +81,10 @@ class Anchor:
 def changed_share(anchor_chunks: pa.Array, chunk_ids: pa.Array) -> float:
     """The share of chunks added or removed since the anchor, over the chunks of either (a changed
     chunk counts once removed and once added): 1 - |A ∩ B| / |A ∪ B|."""
-    a = np.unique(np.asarray(anchor_chunks.to_pylist(), dtype=object).astype(str))
-    b = np.unique(np.asarray(chunk_ids.to_pylist(), dtype=object).astype(str))
-    union = len(np.union1d(a, b))
-    return 0.0 if union == 0 else 1.0 - len(np.intersect1d(a, b, assume_unique=True)) / union
+    a, b = pc.unique(anchor_chunks), pc.unique(chunk_ids)
+    common = int(pc.sum(pc.is_in(a, value_set=b)).as_py() or 0)
+    union = len(a) + len(b) - common
+    return 0.0 if union == 0 else 1.0 - common / union
 
 
 def full_build_reason(config: IndexConfig, rebuild: bool) -> str | None:

@@ -8,7 +8,10 @@ yields, with their real prompts. A request this workspace's cache answers is ans
 the run would, and not counted; the others are answered by the offline engine, so a fresh
 build's graph is the offline one (an LLM-decomposed graph has a similar but not equal number of
 important entities and communities) and an update's is the graph it will have where nothing
-changed. With embeddings behind litellm, the texts the build would embed (its chunks and the
+changed. An incremental update's later stages keep their summaries against the workspace's own
+anchor (anchor.py), as the run will, so a summary the run keeps is not counted; an entity or
+community a changed chunk touches is judged on the offline decomposition of that chunk. With
+embeddings behind litellm, the texts the build would embed (its chunks and the
 graph's units, attributes and summaries) in batches of embedding.batch_size. Output tokens are
 assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
 """
