@@ -66,7 +66,8 @@ class Anchor:
     chunks: pa.Array  # the chunk ids of the last full build
     attributes: dict[str, Summary]  # by entity node id
     communities: dict[int, Summary]  # by community label
-    membership: dict[str, int]  # node id -> community, for the nodes the last build clustered
+    node_ids: pa.Array  # the nodes the last build clustered,
+    node_labels: np.ndarray  # and their communities
     changed_share: float
 
     def kept(self, summaries: dict, key, inputs: list[str], share: float) -> Summary | None:
@@ -121,12 +122,10 @@ def load(source: Workspace, config: IndexConfig, chunk_ids: pa.Array, rebuild: b
 def _read(generation: Generation, chunk_ids: pa.Array) -> Anchor:
     chunks = generation.table(ANCHOR_CHUNKS)["chunk_id"]
     nodes = generation.table("nodes", ["id", "community"])
-    clustered = np.flatnonzero(nodes["community"].to_numpy() >= 0)
-    membership = dict(zip(nodes["id"].take(pa.array(clustered)).to_pylist(),
-                          nodes["community"].to_numpy()[clustered].tolist(), strict=True))
+    nodes = nodes.filter(pc.greater_equal(nodes["community"], 0))
     return Anchor(chunks, _summaries(generation.table(ATTRIBUTE_SUMMARIES), str),
-                  _summaries(generation.table(COMMUNITY_SUMMARIES), int), membership,
-                  changed_share(chunks, chunk_ids))
+                  _summaries(generation.table(COMMUNITY_SUMMARIES), int), nodes["id"].combine_chunks(),
+                  nodes["community"].to_numpy().astype(np.int64), changed_share(chunks, chunk_ids))
 
 
 def _summaries(table: pa.Table, key_type) -> dict:

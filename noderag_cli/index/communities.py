@@ -19,11 +19,12 @@ from collections.abc import Callable
 import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Element, Engine, Failure
-from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id
+from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id, row_entries
 from . import summaries
 from .anchor import Anchor, summaries_table, text_hash
 
@@ -79,33 +80,43 @@ def leiden_labels(n: int, rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     return np.asarray(clustering.membership, dtype=np.int32)
 
 
-def anchored(graph: Graph, anchor: dict[str, int], seed: int, resolution: float) -> np.ndarray:
-    """Community label per node, the anchor's where the node was clustered then: a new node joins
-    the community its edges weigh most to (ties: the lower label), a round at a time, so that
-    a chain of new nodes joins through its first member; the new nodes no anchored node reaches are
-    clustered among themselves (Leiden), under labels the anchor never used."""
-    labels = np.array([anchor.get(i, -1) for i in graph.ids.tolist()], dtype=np.int64)
-    adjacency = graph.adjacency.tocsr()
+def anchored(graph: Graph, anchor_ids: pa.Array, anchor_labels: np.ndarray, seed: int, resolution: float) -> np.ndarray:
+    """Community label per node, the anchor's where the node was clustered then (`anchor_ids`,
+    `anchor_labels`): a new node joins the community its edges weigh most to (ties: the lower
+    label), a round at a time, so that a chain of new nodes joins through its first member; the new
+    nodes no anchored node reaches are clustered among themselves (Leiden), under labels the anchor
+    never used."""
+    at = pc.index_in(pa.array(graph.ids, pa.string()), value_set=anchor_ids)
+    found = pc.is_valid(at).to_numpy(zero_copy_only=False)
+    labels = np.where(found, anchor_labels[pc.fill_null(at, 0).to_numpy()] if len(anchor_labels) else -1, -1)
+    labels = labels.astype(np.int64)
+    unused = int(anchor_labels.max()) + 1 if len(anchor_labels) else 0
     while True:
         free = np.flatnonzero(labels < 0)
         if not len(free):
             break
-        reach = adjacency[free].tocoo()
-        known = labels[reach.col] >= 0
+        entries = row_entries(graph.indptr, free)
+        rows = np.repeat(np.arange(len(free)), graph.degree[free])
+        joined = labels[graph.indices[entries]]
+        known = joined >= 0
         if not known.any():
             break
-        rows, joined, weight = reach.row[known], labels[reach.col[known]], reach.data[known]
-        pairs, where = np.unique(np.column_stack([rows, joined]), axis=0, return_inverse=True)
-        total = np.bincount(where.ravel(), weights=weight, minlength=len(pairs))
-        order = np.lexsort((pairs[:, 1], -total, pairs[:, 0]))  # per row: heaviest, then lowest label
-        first = order[np.r_[True, pairs[order[1:], 0] != pairs[order[:-1], 0]]]
-        labels[free[pairs[first, 0]]] = pairs[first, 1]
+        key, where = np.unique(rows[known] * unused + joined[known], return_inverse=True)
+        total = np.bincount(where.ravel(), weights=graph.weights[entries][known])
+        row, label = key // unused, key % unused
+        order = np.lexsort((label, -total, row))  # per row: heaviest, then lowest label
+        first = order[np.r_[True, row[order[1:]] != row[order[:-1]]]]
+        labels[free[row[first]]] = label[first]
     rest = np.flatnonzero(labels < 0)
     if len(rest):
-        inside = adjacency[rest][:, rest].tocoo()
-        upper = inside.row < inside.col
-        own = leiden_labels(len(rest), inside.row[upper], inside.col[upper], inside.data[upper], seed, resolution)
-        labels[rest] = own + max(anchor.values(), default=-1) + 1
+        position = np.full(len(labels), -1, np.int64)
+        position[rest] = np.arange(len(rest))
+        entries = row_entries(graph.indptr, rest)
+        rows = np.repeat(np.arange(len(rest)), graph.degree[rest])
+        cols = position[graph.indices[entries]]
+        upper = rows < cols  # both ends free (a free node's neighbours are all free here), each edge once
+        own = leiden_labels(len(rest), rows[upper], cols[upper], graph.weights[entries][upper], seed, resolution)
+        labels[rest] = own + unused
     return labels.astype(np.int32)
 
 
@@ -156,7 +167,8 @@ def run(
     communities stay (`anchored`), and one whose shown texts changed by at most
     `resummarize_share` since its elements were written keeps them, and nothing is asked."""
     graph = Graph.from_tables(nodes, edges)
-    membership = anchored(graph, anchor.membership, seed, resolution) if anchor else leiden(graph, seed, resolution)
+    membership = anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
+        leiden(graph, seed, resolution)
     texts = nodes["text"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
