@@ -101,7 +101,7 @@ def _dry_run(workspace: Path, folder: Path, config: Path) -> dict:
     return json.loads(done.stdout)["llm"]
 
 
-def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str], bool]:
+def measure(data: Path, work: Path, graph: dict | None = None, share: float | None = None) -> tuple[list[str], bool]:
     base, final, counts = prepare(data, work)
     with FaultServer(default="rich") as server:
         configs = {}
@@ -110,7 +110,8 @@ def measure(data: Path, work: Path, graph: dict | None = None) -> tuple[list[str
             configs[mode].write_text(yaml.safe_dump({
                 "llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url,
                         "timeout_seconds": 30, "retries": 2, "concurrency": 8},
-                "index": {"update": mode}, **({"graph": graph} if graph else {})}))
+                "index": {"update": mode, **({"resummarize_share": share} if share is not None else {})},
+                **({"graph": graph} if graph else {})}))
         runs, seen, planned = {}, {}, {}
         steps = (("fresh", final, work / "llm-fresh"), ("base", base, work / "llm-base"),
                  ("update", final, work / "llm-exact"), ("incremental", final, work / "llm-incremental"))
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "eval")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--leaf-tokens", type=int, default=None, help="graph.summary_leaf_tokens (default: the config's)")
+    parser.add_argument("--resummarize-share", type=float, default=None,
+                        help="index.resummarize_share (default: the config's)")
     args = parser.parse_args(argv)
     data = args.data / "musique" if (args.data / "musique").is_dir() else args.data
     if not (data / "corpus.json").is_file():
@@ -221,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="noderag-bench-llm-inc-")) if args.work is None else args.work
     work.mkdir(parents=True, exist_ok=True)
     try:
-        lines, ok = measure(data, work, {"summary_leaf_tokens": args.leaf_tokens} if args.leaf_tokens else None)
+        lines, ok = measure(data, work, {"summary_leaf_tokens": args.leaf_tokens} if args.leaf_tokens else None,
+                            args.resummarize_share)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
