@@ -147,6 +147,25 @@ def test_past_rebuild_after_and_on_rebuild_the_run_is_a_full_build(base, tmp_pat
     assert build_bytes(ws)["anchor_chunks.parquet"] == build_bytes(fresh)["anchor_chunks.parquet"]
 
 
+def test_a_damaged_anchor_makes_the_update_a_full_build_that_names_it(base, tmp_path):
+    corpus, workspace = base
+    ws = copy_workspace(workspace, tmp_path / "damaged")
+    anchor = build_file(ws, "attribute_summaries.parquet")
+    data = bytearray(anchor.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit: the size stays, the checksum differs
+    anchor.write_bytes(bytes(data))
+    verify = noderag("stats", ws, "--verify")
+    assert verify.returncode == 3 and "attribute_summaries.parquet" in verify.stderr
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    change(folder)
+    update = index(ws, folder).json()["stages"]["attributes"]["update"]
+    assert update.startswith("full build (workspace file ") and "attribute_summaries.parquet" in update, update
+    fresh = tmp_path / "fresh"
+    index(fresh, folder)
+    assert_same_tables(ws, fresh)
+
+
 def test_exact_is_for_one_run_and_equals_a_fresh_build(base, tmp_path):
     ws, folder, run = updated(base, tmp_path, "exact", "--exact")
     assert run.json()["stages"]["communities"]["update"] == "full build (exact mode)"

@@ -106,8 +106,12 @@ def load(source: Workspace, config: IndexConfig, chunk_ids: pa.Array, rebuild: b
     except WorkspaceError:
         return None, "no earlier build"
     try:
-        if not all(f"{name}.parquet" in generation.manifest.get("files", {}) for name in FILES):
+        files = tuple(f"{name}.parquet" for name in FILES)
+        if not all(file in generation.manifest.get("files", {}) for file in files):
             return None, "the earlier build has no anchor"
+        damaged = generation.verify(files)  # a flipped bit would keep summaries against the wrong texts
+        if damaged:
+            return None, f"workspace file {damaged[0]}"
         anchor = _read(generation, chunk_ids)
     except WorkspaceError:  # a damaged anchor file: `index` checks the generation's files before it runs
         return None, "the earlier build's anchor cannot be read"
