@@ -166,6 +166,21 @@ def test_a_damaged_anchor_makes_the_update_a_full_build_that_names_it(base, tmp_
     assert_same_tables(ws, fresh)
 
 
+def test_a_killed_rebuild_is_finished_by_the_next_run(base, tmp_path):
+    ws, folder, _ = updated(base, tmp_path, "incremental")  # stale summaries to write anew
+    killed = index(ws, folder, "--rebuild", env={"NODERAG_TEST_KILL_AT": "communities:start"}, expect=None)
+    assert killed.returncode == -signal.SIGKILL
+    assert json.loads((ws / "manifest.json").read_text())["rebuild_pending"] is True
+    plan = noderag("index", ws, "--input", folder, "--dry-run", "--json").json()
+    assert plan["stages"]["communities"].startswith("run: ")
+    resumed = index(ws, folder).json()["stages"]  # no --rebuild: the manifest remembers it
+    assert resumed["communities"]["update"] == "full build (--rebuild)"
+    assert "rebuild_pending" not in json.loads((ws / "manifest.json").read_text())
+    fresh = tmp_path / "fresh"
+    index(fresh, folder)
+    assert_same_tables(ws, fresh)
+
+
 def test_exact_is_for_one_run_and_equals_a_fresh_build(base, tmp_path):
     ws, folder, run = updated(base, tmp_path, "exact", "--exact")
     assert run.json()["stages"]["communities"]["update"] == "full build (exact mode)"

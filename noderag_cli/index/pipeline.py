@@ -230,6 +230,8 @@ def run_pipeline(
         _recall_vectors(ws, embedder)
     manifest.embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest.input = str(Path(input_folder).resolve())
+    if stop_after is None:  # a --rebuild killed before its end is finished by the next run, flag or not
+        manifest.rebuild_pending = rebuild = rebuild or manifest.rebuild_pending
     manifest.save(ws)
     atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
     config = run_config(config, exact)
@@ -248,6 +250,8 @@ def run_pipeline(
             engine_log.removeHandler(handler)
         engine_log.setLevel(level)
     manifest.record_cache(ws.cache)
+    if manifest.done("assemble"):
+        manifest.rebuild_pending = False
     manifest.save(ws)
     result.seconds = time.perf_counter() - started
     result.failures = sum(entry.failures for entry in manifest.stages.values())

@@ -71,15 +71,16 @@ class Manifest:
     embedding: dict = field(default_factory=dict)  # model, dim, vectors (what decides a vector's bits)
     input: str | None = None
     cache: dict = field(default_factory=dict)  # what the cache held when the last run or gc left it (`cache_loss`)
+    rebuild_pending: bool = False  # an `index --rebuild` that has not finished: the next run finishes it
     extra: dict = field(default_factory=dict)  # keys another version wrote, kept as they are
 
     @classmethod
     def load(cls, ws: Workspace) -> Manifest:
         data = ws.read_manifest()
-        known = ("format_version", "stages", "embedding", "input", "cache")
+        known = ("format_version", "stages", "embedding", "input", "cache", "rebuild_pending")
         return cls({name: StageEntry.from_json(entry) for name, entry in data.get("stages", {}).items()},
                    data.get("embedding") or {}, data.get("input"), data.get("cache") or {},
-                   {k: v for k, v in data.items() if k not in known})
+                   data.get("rebuild_pending") is True, {k: v for k, v in data.items() if k not in known})
 
     def save(self, ws: Workspace) -> None:
         data = {**self.extra, "format_version": FORMAT_VERSION,
@@ -90,6 +91,8 @@ class Manifest:
             data["input"] = self.input
         if self.cache:
             data["cache"] = self.cache
+        if self.rebuild_pending:
+            data["rebuild_pending"] = True
         ws.write_manifest(data)
 
     def record_cache(self, cache: Cache) -> None:

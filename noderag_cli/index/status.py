@@ -134,7 +134,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     for stage in STAGES:
         entry = manifest.entry(stage.name)
         decision = decide(ws, stage, entry, settings_digest(config, engine_identity, stage), digests, scan_digest,
-                          rebuild)
+                          rebuild or manifest.rebuild_pending)
         digests[stage.name] = None if decision.run else entry.outputs
         stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
@@ -148,7 +148,7 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     if config.paid():
         from .estimate import estimate_llm
 
-        result["llm"] = estimate_llm(ws, Path(input_folder), config, rebuild)
+        result["llm"] = estimate_llm(ws, Path(input_folder), config, rebuild or manifest.rebuild_pending)
         limit, estimate = config.llm.max_cost_usd, result["llm"]["total"]["cost_usd"]
         if limit is not None:
             result["llm"]["spending_cap"] = {"limit_usd": limit, "fits": None if estimate is None else estimate <= limit}
