@@ -139,21 +139,16 @@ def run(
     inputs = [[text_hash(t) for t in item.texts] for item in items]
     kept = [anchor.kept(anchor.attributes, graph.ids[i], hashes, resummarize_share) if anchor else None
             for (i, _), hashes in zip(sources, inputs, strict=True)]
-    todo = [k for k, summary in enumerate(kept) if summary is None]
 
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
-        return engine.attributes([AttributeInput(entity=items[todo[i]].entity, texts=texts) for i, texts in requests])
+        return engine.attributes([AttributeInput(entity=items[i].entity, texts=texts) for i, texts in requests])
 
     def as_texts(i: int, summary: str) -> list[str]:
-        return nlp.split_sentences(summary.removeprefix(f"{items[todo[i]].entity}: "))
+        return nlp.split_sentences(summary.removeprefix(f"{items[i].entity}: "))
 
-    if progress is not None and len(todo) < len(items):
-        progress(len(items) - len(todo))
-    asked = summaries.in_parts([items[k].texts for k in todo], [counts[k] for k in todo], ask, as_texts, leaf_tokens,
-                               seed, count_tokens, progress)
-    results = [summary.texts[0] if summary is not None else None for summary in kept]
-    for k, result in zip(todo, asked, strict=True):
-        results[k] = result
+    results = summaries.in_parts_or_kept([summary.texts[0] if summary else None for summary in kept],
+                                         [item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed,
+                                         count_tokens, progress)
     built = NodeSet()
     pairs, failures, records = [], {}, []
     for (i, picked), result, summary, hashes in zip(sources, results, kept, inputs, strict=True):

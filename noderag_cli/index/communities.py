@@ -182,22 +182,17 @@ def run(
     inputs = [[text_hash(t) for t in item.texts] for item in items]
     kept = [anchor.kept(anchor.communities, item.community, hashes, resummarize_share) if anchor else None
             for item, hashes in zip(items, inputs, strict=True)]
-    todo = [k for k, summary in enumerate(kept) if summary is None]
 
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
-        return engine.community_elements([CommunityInput(items[todo[i]].community, texts) for i, texts in requests])
+        return engine.community_elements([CommunityInput(items[i].community, texts) for i, texts in requests])
 
     def as_texts(_: int, elements: list) -> list[str]:
         return [f"{e.title}: {e.description}" for e in elements]
 
-    if progress is not None and len(todo) < len(items):
-        progress(len(items) - len(todo))
-    asked = summaries.in_parts([items[k].texts for k in todo], [counts[k] for k in todo], ask, as_texts, leaf_tokens,
-                               seed, count_tokens, progress)
-    results = [[Element(t, d) for t, d in zip(summary.titles, summary.texts, strict=True)] if summary else None
-               for summary in kept]
-    for k, result in zip(todo, asked, strict=True):
-        results[k] = result
+    results = summaries.in_parts_or_kept(
+        [[Element(t, d) for t, d in zip(summary.titles, summary.texts, strict=True)] if summary else None
+         for summary in kept], [item.texts for item in items], counts, ask, as_texts, leaf_tokens, seed,
+        count_tokens, progress)
 
     built = NodeSet()
     h_o, h_community, failures, records = [], {}, {}, []

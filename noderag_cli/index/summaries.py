@@ -97,3 +97,23 @@ def in_parts(
         if finished is not None:
             finished(done)
     return results
+
+
+def in_parts_or_kept(
+    kept: Sequence[Any | None], inputs: Sequence[Sequence[str]], tokens: Sequence[Sequence[int]],
+    ask: Callable[[list[tuple[int, tuple[str, ...]]]], list[Any]], as_texts: Callable[[int, Any], list[str]],
+    leaf_tokens: int, seed: int, count_tokens: Callable[[list[str]], list[int]],
+    finished: Callable[[int], None] | None = None,
+) -> list[Any]:
+    """`in_parts` for the inputs whose `kept` result is None (an incremental update keeps the
+    others': anchor.py); `ask` and `as_texts` see the inputs' own positions."""
+    todo = [k for k, result in enumerate(kept) if result is None]
+    if finished is not None and len(todo) < len(kept):
+        finished(len(kept) - len(todo))
+    asked = in_parts([inputs[k] for k in todo], [tokens[k] for k in todo],
+                     lambda requests: ask([(todo[i], texts) for i, texts in requests]),
+                     lambda i, result: as_texts(todo[i], result), leaf_tokens, seed, count_tokens, finished)
+    results = list(kept)
+    for k, result in zip(todo, asked, strict=True):
+        results[k] = result
+    return results
