@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({update['decompose'].get('cached', '?'):,} from the last run) and searched "
               f"{update['similarity'].get('rows_searched', '?'):,} similarity lists (the fresh build "
               f"{fresh['similarity'].get('rows_searched', '?'):,})"
-              + (": above `similarity.exact_below` every list is recomputed, because new vectors move the clusters' "
-                 "centroids." if update['similarity'].get('rows_searched') == fresh['similarity'].get('rows_searched')
-                 else ": below `similarity.exact_below` only new nodes and those that lost candidates are searched."),
+              + f" ({update['similarity'].get('update', 'exact lists, below `similarity.exact_below`')}): only new "
+              "rows and rows that lost more than their spare candidates are searched; in exact mode (or a full "
+              "build) above `similarity.exact_below` every list is, against centroids trained afresh.",
               f"- Update's nodes.parquet and edges.parquet byte-identical to the fresh build: **{'yes' if equal else 'NO'}**"
               + (" (required in exact mode)." if args.exact else " (not expected of an incremental update).")]
     text = "\n".join(lines) + "\n"

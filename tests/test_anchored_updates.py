@@ -28,7 +28,8 @@ The Korven Institute is a research library in Vessmouth, founded in 1902 by Edda
 Its reading room holds the papers of the Sound Maritime Society and the logbooks of the Calder Point Shipworks.
 Every spring the institute lends its archive to the Vessmouth Lantern Festival.
 """
-ANCHOR_FILES = ("attribute_summaries.parquet", "community_summaries.parquet", "anchor_chunks.parquet")
+ANCHOR_FILES = ("attribute_summaries.parquet", "community_summaries.parquet", "anchor_chunks.parquet",
+                "anchor_centroids.parquet")
 
 
 def change(folder: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -108,6 +109,66 @@ def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_b
     assert build_file(workspace, "vectors.faiss").read_bytes() == build_file(fresh, "vectors.faiss").read_bytes()
     for name in ("cluster_centroids.npy", "cluster_rows.npy", "cluster_codes.npy"):
         assert build_file(workspace, name).read_bytes() == build_file(fresh, name).read_bytes()
+
+
+def test_anchored_clustered_lists_are_maintained_exactly():
+    """Lists kept against an anchor's centroids (an incremental update): the stored lists of the
+    last run, with deleted rows dropped and new rows merged in, equal a search of every row against
+    the same clusters; only the new rows are searched again, and the centroids are the anchor's."""
+    rng = np.random.default_rng(11)
+    centres = rng.standard_normal((12, 24))
+    vectors = centres[rng.integers(0, 12, 2400)] + 0.7 * rng.standard_normal((2400, 24))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    names = np.asarray([f"S_{i:05d}" for i in range(len(vectors))], dtype=object)
+    k, probes = 8, 3
+
+    def rows(chosen: np.ndarray):
+        return se.keys(list(names[chosen]), vectors[chosen]), vectors[chosen]
+
+    first = se.clustered_lists(*rows(np.arange(2000)), k, seed=1, probes=probes, assign=2)
+    previous = se.to_table(rows(np.arange(2000))[0], first)
+    kept = np.r_[np.flatnonzero(rng.random(2000) > 0.03), np.arange(2000, 2400)]  # 3% deleted, 400 new
+    keys, now = rows(kept)
+    maintained = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2, centroids=first.centroids,
+                                    previous=previous)
+    searched = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2, centroids=first.centroids)
+    assert np.array_equal(maintained.centroids, first.centroids)
+    assert np.array_equal(maintained.candidates[:, :k], searched.candidates[:, :k])
+    assert np.array_equal(maintained.scores[:, :k], searched.scores[:, :k])
+    assert np.array_equal(maintained.kept, searched.kept)
+    assert maintained.searched == 400 and searched.searched == len(kept)
+    retrained = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2)
+    assert not np.array_equal(retrained.centroids, first.centroids)  # a full build trains them afresh
+
+
+def test_an_incremental_update_on_the_clustered_path_keeps_the_anchor_clusters(tmp_path, clustered_build,
+                                                                               clustered_config):
+    """The default update of a clustered workspace: the similarity stage keeps the last full build's
+    centroids and searches only the new rows; two updates of copies give the same bytes, and one
+    killed after the stage wrote its files resumes to them; `--rebuild` trains the centroids again."""
+    folder = shutil.copytree(SAMPLE_CORPUS, tmp_path / "docs")
+    documents = sorted(p for p in folder.rglob("*") if p.suffix in (".md", ".txt"))
+    documents[1].write_text(documents[1].read_text() + "\n\nThe archive moved to Dunholt in 1977 after the flood.\n")
+    (folder / "new.md").write_text("# Calder Point\n\nCalder Point Shipworks built the Orlen ferries in 1911.\n")
+    runs = {}
+    for name, env in (("one", None), ("two", None), ("killed", {"NODERAG_TEST_KILL_AT": "similarity:commit"})):
+        workspace = copy_workspace(clustered_build, tmp_path / name)
+        runs[name] = index(workspace, folder, "--config", clustered_config, env=env, expect=None if env else 0)
+    assert runs["killed"].returncode == -signal.SIGKILL
+    index(tmp_path / "killed", folder, "--config", clustered_config)
+    similarity = runs["one"].json()["stages"]["similarity"]
+    vectors = runs["one"].json()["stages"]["embed"]["vectors"]
+    assert similarity["update"].startswith("incremental") and 0 < similarity["rows_searched"] < vectors / 4
+    anchor_file = "anchor_centroids.parquet"
+    assert build_file(tmp_path / "one", anchor_file).read_bytes() == build_file(clustered_build, anchor_file).read_bytes()
+    for other in ("two", "killed"):
+        assert_same_tables(tmp_path / "one", tmp_path / other)
+    rebuilt = index(tmp_path / "one", folder, "--config", clustered_config, "--rebuild").json()["stages"]
+    assert rebuilt["similarity"]["update"].startswith("full build")
+    assert rebuilt["similarity"]["rows_searched"] == rebuilt["embed"]["vectors"]
+    fresh = tmp_path / "fresh"
+    index(fresh, folder, "--config", clustered_config)
+    assert_same_tables(tmp_path / "one", fresh)
 
 
 def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_path):

@@ -5,7 +5,8 @@ community's elements while the texts they were written from changed by at most
 `index.resummarize_share`, and keeps the communities of the last full build, new nodes joining
 them (communities.py). What it keeps them against is the anchor: each summary's result and the
 hashes of the texts it was written from, the community of every node, and the chunks of the last
-full build (to tell how much of the corpus changed since).
+full build (to tell how much of the corpus changed since), and the centroids of the clustered
+index the similarity lists are drawn from at scale (similarity_edges.py).
 
 The anchor is read from the published generation, never from a stage's own files: CURRENT only
 changes when a run publishes, so an update killed anywhere resumes against the same anchor and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -38,14 +40,17 @@ SUMMARIES_SCHEMA = pa.schema([
     ("stale", pa.bool_()),  # kept although its texts changed since it was written
 ])
 CHUNKS_SCHEMA = pa.schema([("chunk_id", pa.string())])
+CENTROIDS_SCHEMA = pa.schema([("centroid", pa.list_(pa.float32()))])  # none below similarity.exact_below
 
 # the anchor's files in a generation, written by assemble from the stages' outputs of the same names
 ATTRIBUTE_SUMMARIES = "attribute_summaries"
 COMMUNITY_SUMMARIES = "community_summaries"
 ANCHOR_CHUNKS = "anchor_chunks"
+ANCHOR_CENTROIDS = "anchor_centroids"
 FILES = {ATTRIBUTE_SUMMARIES: ("attributes", "summaries.parquet"),
          COMMUNITY_SUMMARIES: ("communities", "summaries.parquet"),
-         ANCHOR_CHUNKS: ("attributes", "anchor_chunks.parquet")}
+         ANCHOR_CHUNKS: ("attributes", "anchor_chunks.parquet"),
+         ANCHOR_CENTROIDS: ("similarity", "centroids.parquet")}
 
 
 def text_hash(text: str) -> str:
@@ -61,14 +66,27 @@ class Summary:
 
 @dataclass
 class Anchor:
-    """What an incremental update keeps its summaries and communities against."""
+    """What an incremental update keeps its summaries, communities and similarity lists against.
+    The summaries are read into dicts when a stage first asks for them."""
 
     chunks: pa.Array  # the chunk ids of the last full build
-    attributes: dict[str, Summary]  # by entity node id
-    communities: dict[int, Summary]  # by community label
+    attribute_table: pa.Table  # SUMMARIES_SCHEMA
+    community_table: pa.Table
     node_ids: pa.Array  # the nodes the last build clustered,
     node_labels: np.ndarray  # and their communities
+    centroids: np.ndarray | None  # (clusters, dim) grid-valued float32 (ivf.py); None below similarity.exact_below
+    centroids_model: str | None  # the embedding model of the vectors they were trained on
     changed_share: float
+
+    @cached_property
+    def attributes(self) -> dict[str, Summary]:
+        """By entity node id."""
+        return _summaries(self.attribute_table, str)
+
+    @cached_property
+    def communities(self) -> dict[int, Summary]:
+        """By community label."""
+        return _summaries(self.community_table, int)
 
     def kept(self, summaries: dict, key, inputs: list[str], share: float) -> Summary | None:
         """The anchor's summary for `key` if its texts changed by at most `share` of them."""
@@ -127,9 +145,9 @@ def _read(generation: Generation, chunk_ids: pa.Array) -> Anchor:
     chunks = generation.table(ANCHOR_CHUNKS)["chunk_id"]
     nodes = generation.table("nodes", ["id", "community"])
     nodes = nodes.filter(pc.greater_equal(nodes["community"], 0))
-    return Anchor(chunks, _summaries(generation.table(ATTRIBUTE_SUMMARIES), str),
-                  _summaries(generation.table(COMMUNITY_SUMMARIES), int), nodes["id"].combine_chunks(),
-                  nodes["community"].to_numpy().astype(np.int64), changed_share(chunks, chunk_ids))
+    return Anchor(chunks, generation.table(ATTRIBUTE_SUMMARIES), generation.table(COMMUNITY_SUMMARIES),
+                  nodes["id"].combine_chunks(), nodes["community"].to_numpy().astype(np.int64),
+                  *centroids_of(generation.table(ANCHOR_CENTROIDS)), changed_share(chunks, chunk_ids))
 
 
 def _summaries(table: pa.Table, key_type) -> dict:
@@ -143,6 +161,27 @@ def summaries_table(rows: list[tuple[str, list[str], list[str], list[str], bool]
     return pa.table({"key": [r[0] for r in rows], "inputs": [sorted(r[1]) for r in rows],
                      "texts": [list(r[2]) for r in rows], "titles": [list(r[3]) for r in rows],
                      "stale": [r[4] for r in rows]}, schema=SUMMARIES_SCHEMA)
+
+
+def centroids_table(centroids: np.ndarray | None, model: str) -> pa.Table:
+    """The clustered index's centroids, one row each (none when the lists are exact), and the
+    embedding model of the vectors they were trained on."""
+    metadata = {"model": model}
+    if centroids is None:
+        return CENTROIDS_SCHEMA.empty_table().replace_schema_metadata(metadata)
+    flat = pa.array(np.ascontiguousarray(centroids, np.float32).ravel())
+    offsets = pa.array(np.arange(0, len(flat) + 1, centroids.shape[1], dtype=np.int32))
+    return pa.table({"centroid": pa.ListArray.from_arrays(offsets, flat)},
+                    schema=CENTROIDS_SCHEMA.with_metadata(metadata))
+
+
+def centroids_of(table: pa.Table) -> tuple[np.ndarray | None, str | None]:
+    """(centroids, model) of `centroids_table`."""
+    model = (table.schema.metadata or {}).get(b"model")
+    if table.num_rows == 0:
+        return None, None
+    flat = pc.list_flatten(table["centroid"].combine_chunks()).to_numpy().astype(np.float32)
+    return flat.reshape(table.num_rows, -1), model.decode() if model else None
 
 
 def chunks_table(chunk_ids) -> pa.Table:

@@ -18,9 +18,13 @@ per node (`neighbours.parquet`) for the next run.
 From `similarity.exact_below` embedded nodes on, scoring every node against every other (n^2 d)
 gives way to candidates from an order-free clustered index (`clustered_lists`, `ivf.py`): each
 node is scored exactly against the members of its nearest clusters only. The lists are then the
-exact best of those candidates, and a function of the set of vectors still, so an update (which
-recomputes them all) equals a fresh build; how many of the exact 64 they hold is measured in
-docs/benchmarks.md.
+exact best of those candidates, a function of the set of vectors and the centroids; how many of
+the exact 64 they hold is measured in docs/benchmarks.md. A full build trains the centroids (a
+function of the set of vectors, so an exact update equals a fresh build). An incremental update
+keeps the last full build's centroids (anchor.py): the lists are then exact for those clusters,
+so they are maintained like the exact ones: new vectors join their nearest clusters and enter the
+stored lists of the rows that probe those clusters, and only new rows and rows that lost more than
+SLACK candidates are searched again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..ivf import BUCKET, QUANT, Clusters, in_parallel, quantised
+from ..ivf import BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
 
 VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
@@ -55,8 +59,9 @@ class Neighbours:
     candidates: np.ndarray  # (n, k + SLACK) int64
     scores: np.ndarray  # (n, k + SLACK) float32
     kept: np.ndarray  # (n, k) bool
-    searched: int = 0  # rows searched against every node this run
+    searched: int = 0  # rows searched (against every node, or their probed clusters) this run
     pruned: int = 0  # rows whose first k changed, heuristic rerun
+    centroids: np.ndarray | None = None  # the clustered index's, when the candidates came from one
 
 
 def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -141,24 +146,11 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     new nodes that beat its last one gives the exact list again. New rows are scored against
     every row once: that block gives both their own lists and what they bring to the reused ones."""
     n, width = len(ids), k + SLACK
-    candidates = np.full((n, width), -1, np.int64)
-    scores = np.full((n, width), -np.inf, np.float32)
-    kept = np.zeros((n, width), bool)
-    reused = shifted = is_new = np.zeros(n, bool)
-    if previous is not None and previous.num_rows and n > k:
-        reused, shifted = _take_previous(previous, ids, k, candidates, scores, kept)
-        is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
-            zero_copy_only=False)
-    before = candidates[:, :k].copy()
+    lists = _Lists.start(ids, k, width, previous)
     grid = quantised(vectors)
-    search = np.flatnonzero(~reused)
-    old = np.flatnonzero(reused)
-    length = (candidates[old] >= 0).sum(axis=1)
-    # a new row enters a reused row's list when it beats the list's last entry (score, then id)
-    last_score = np.full(n, np.inf, np.float32)
-    last_score[old] = scores[old, length - 1]
-    last_col = np.full(n, -1, np.int64)
-    last_col[old] = candidates[old, length - 1]
+    search = np.flatnonzero(~lists.reused)
+    old = np.flatnonzero(lists.reused)
+    last_score, last_col = lists.last(old, n)
     place = np.full(n, -1, np.int64)
     place[old] = np.arange(len(old))
 
@@ -167,7 +159,7 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
         block_scores = scores_against(grid, rows)
         beats = None
         if len(old):
-            new = is_new[rows]
+            new = lists.is_new[rows]
             against = block_scores[new] if not new.all() else block_scores
             a, col = np.nonzero(against >= last_score)
             value = against[a, col]
@@ -177,15 +169,58 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
 
     found = []
     for rows, (block_candidates, block_scores), beats in in_parallel(block, list(range(0, len(search), SEARCH_BLOCK))):
-        candidates[rows], scores[rows] = block_candidates, block_scores
+        lists.candidates[rows], lists.scores[rows] = block_candidates, block_scores
         if beats is not None:
             found.append(beats)
     if found:
-        _merge_new(found, old, candidates, scores)
-    kept = kept[:, :k]
-    redo = np.flatnonzero(~reused | shifted | (candidates[:, :k] != before).any(axis=1))
-    kept[redo] = prune(grid, candidates[redo, :k], scores[redo, :k])
-    return Neighbours(candidates, scores, kept, searched=len(search), pruned=len(redo))
+        _merge_new(found, old, lists.candidates, lists.scores)
+    return lists.pruned(grid, searched=len(search))
+
+
+@dataclass
+class _Lists:
+    """Lists being brought up to date: an earlier run's rows taken in (`_take_previous`), the rest
+    to be searched."""
+
+    k: int
+    candidates: np.ndarray
+    scores: np.ndarray
+    kept: np.ndarray
+    reused: np.ndarray  # rows taken from the earlier run
+    shifted: np.ndarray  # reused rows that lost one of their first k
+    is_new: np.ndarray  # rows the earlier run did not have
+    before: np.ndarray  # the first k of each row as taken in
+
+    @classmethod
+    def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None) -> _Lists:
+        n = len(ids)
+        candidates = np.full((n, width), -1, np.int64)
+        scores = np.full((n, width), -np.inf, np.float32)
+        kept = np.zeros((n, width), bool)
+        reused = shifted = is_new = np.zeros(n, bool)
+        if previous is not None and previous.num_rows and n > k:
+            reused, shifted = _take_previous(previous, ids, k, candidates, scores, kept)
+            is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
+                zero_copy_only=False)
+        return cls(k, candidates, scores, kept, reused, shifted, is_new, candidates[:, :k].copy())
+
+    def last(self, old: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row (of n), the score and column of the last entry of a reused row's list: a new
+        row enters the list when it beats it (score, then column); inf / -1 for other rows."""
+        length = (self.candidates[old] >= 0).sum(axis=1)
+        last_score = np.full(n, np.inf, np.float32)
+        last_score[old] = self.scores[old, length - 1]
+        last_col = np.full(n, -1, np.int64)
+        last_col[old] = self.candidates[old, length - 1]
+        return last_score, last_col
+
+    def pruned(self, grid: np.ndarray, searched: int, centroids: np.ndarray | None = None) -> Neighbours:
+        """The lists with the heuristic rerun on the rows whose first k changed."""
+        k = self.k
+        kept = self.kept[:, :k]
+        redo = np.flatnonzero(~self.reused | self.shifted | (self.candidates[:, :k] != self.before).any(axis=1))
+        kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k])
+        return Neighbours(self.candidates, self.scores, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
 
 PROBE_PHASES = ((0, 1), (1, 4), (4, None))  # probe ranks scored before the bound is raised again
@@ -221,28 +256,51 @@ def _chain(centroids: np.ndarray) -> np.ndarray:
     return position
 
 
-def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int) -> Neighbours:
+def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int,
+                    centroids: np.ndarray | None = None, previous: pa.Table | None = None) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
     clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
-    (each row belongs to its `assign` nearest), scored exactly on the grid. The result depends on
-    the set of vectors only (the clusters too), so an update that recomputes every list equals a
-    fresh build; there is nothing to reuse, since new vectors move the centroids.
+    (each row belongs to its `assign` nearest), scored exactly on the grid.
+
+    Without `centroids` they are trained on the vectors (a full build: the lists are a function of
+    the set of vectors). With an anchor's `centroids` (an incremental update) the clusters keep
+    them, and `previous` (`to_table` of the last run against the same centroids) is maintained as
+    `neighbour_lists` maintains the exact lists: rows that keep at least k candidates are reused,
+    the new rows of the clusters each of them probes merged in (`_newcomers`); the rest searched."""
+    n, width = len(keys), k + SLACK
+    grid = quantised(vectors)
+    if centroids is None:
+        clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
+    else:
+        clusters = Clusters(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
+    lists = _Lists.start(keys, k, width, previous)
+    search = np.flatnonzero(~lists.reused)
+    lists.candidates[search], lists.scores[search] = _clustered_search(grid, clusters, search, width, probes)
+    old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
+    if len(old) and len(new):
+        last_score, last_col = lists.last(old, n)
+        _merge_new([_newcomers(grid, clusters, probes, old, new, last_score[old], last_col[old])], old,
+                   lists.candidates, lists.scores)
+    return lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
+
+
+def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int,
+                      probes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `width` best candidates (and scores) of each of `rows` among the members of its probed
+    clusters.
 
     Rows are taken in blocks of neighbouring home clusters (their nearest; `_chain`), and their
     probed clusters in phases by rank (`PROBE_PHASES`). In each phase, for each cluster the block's
     rows probe, the rows probing it are scored against its members (a slice of the members laid
     out cluster by cluster): one product serves the many rows of a block that probe the cluster.
-    Only scores that reach a row's k-th best so far are kept: the best of the nearest clusters
-    bound what the farther ones can bring. Lists are k long (the
-    exact path keeps SLACK more for the next run's reuse; there is none here)."""
-    n, width = len(keys), k  # no SLACK: the lists are not kept for the next run
-    grid = quantised(vectors)
-    clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
+    Only scores that reach a row's width-th best so far are kept: the best of the nearest clusters
+    bound what the farther ones can bring."""
+    n = len(grid)
     indptr, members = clusters.members()
     laid_out = grid[members]  # each cluster's members, contiguous
     probed = clusters.probes[:, :probes]
-    by_home = np.lexsort((np.arange(n), _chain(clusters.centroids)[probed[:, 0]]))
-    blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, n, CLUSTER_BLOCK)]
+    by_home = rows[np.lexsort((rows, _chain(clusters.centroids)[probed[rows, 0]]))]
+    blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, len(rows), CLUSTER_BLOCK)]
     scale = np.float32(1 / QUANT**2)
 
     def by_cluster(ranked: np.ndarray):
@@ -277,11 +335,60 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
                     parts.append((who[r], members[start + c], scores[r, c]))
         return rows, _best_of(parts, rows, n, width)
 
-    candidates = np.full((n, width), -1, np.int64)
-    scores = np.full((n, width), -np.inf, np.float32)
-    for rows, (block_candidates, block_scores) in in_parallel(block, blocks):
-        candidates[rows], scores[rows] = block_candidates, block_scores
-    return Neighbours(candidates, scores, prune(grid, candidates, scores), searched=n, pruned=n)
+    candidates = np.full((len(rows), width), -1, np.int64)
+    scores = np.full((len(rows), width), -np.inf, np.float32)
+    at = np.empty(n, np.int64)
+    at[rows] = np.arange(len(rows))
+    for block_rows, (block_candidates, block_scores) in in_parallel(block, blocks):
+        candidates[at[block_rows]], scores[at[block_rows]] = block_candidates, block_scores
+    return candidates, scores
+
+
+NEWCOMER_BLOCK = 64  # changed clusters scored at a time
+
+
+def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarray, new: np.ndarray,
+               last_score: np.ndarray, last_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(position in `old`, new row, score) for each new row that enters a reused row's list: it is a
+    member of a cluster the row probes and beats the list's last entry (`last_score`, `last_col`
+    per position in `old`). Each cluster that gained members is scored against the reused rows
+    that probe it, so the work is the new rows times the rows probing their clusters."""
+    scale = np.float32(1 / QUANT**2)
+    count = len(clusters.centroids)
+    gained = clusters.probes[new, : clusters.assign].ravel().astype(np.int64)
+    joining = np.repeat(new, clusters.assign)
+    order = np.lexsort((joining, gained))
+    gained, joining = gained[order], joining[order]
+    gained_at = np.searchsorted(gained, np.arange(count + 1))
+    probed = clusters.probes[old, :probes].ravel().astype(np.int64)
+    prober = np.repeat(np.arange(len(old)), min(probes, clusters.probes.shape[1]))
+    order = np.lexsort((prober, probed))
+    probed, prober = probed[order], prober[order]
+    probed_at = np.searchsorted(probed, np.arange(count + 1))
+    changed = np.unique(gained)
+
+    def block(start: int):
+        parts = []
+        for w in changed[start : start + NEWCOMER_BLOCK]:
+            who = prober[probed_at[w] : probed_at[w + 1]]
+            if not len(who):
+                continue
+            joined = joining[gained_at[w] : gained_at[w + 1]]
+            scores = (grid[old[who]] @ grid[joined].T) * scale
+            a, b = np.nonzero(scores >= last_score[who, None])
+            value = scores[a, b]
+            enters = (value > last_score[who[a]]) | (joined[b] < last_col[who[a]])
+            parts.append((who[a[enters]], joined[b[enters]], value[enters]))
+        return parts
+
+    parts = [p for ps in in_parallel(block, list(range(0, len(changed), NEWCOMER_BLOCK))) for p in ps]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    position = np.concatenate([p[0] for p in parts])
+    row = np.concatenate([p[1] for p in parts])
+    value = np.concatenate([p[2] for p in parts])
+    first = np.unique(position * len(grid) + row, return_index=True)[1]  # a row met in two of the clusters, once
+    return position[first], row[first], value[first]
 
 
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):

@@ -12,6 +12,7 @@ process at a chosen point.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -275,23 +276,46 @@ def _similarity(run: StageRun) -> dict:
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}
     keys = similarity_edges.keys(ids, vectors)
+    info = {}
     if len(ids) < settings.exact_below:
         earlier = run.trusted("neighbours.parquet")
         neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
                                                       _previous_neighbours(earlier, signature) if earlier else None)
-    else:  # recomputed in full: nothing of an earlier run is reused, so no lists are kept for the next
+    else:
+        centroids, info = _anchored_centroids(run, vectors.shape[1])
+        signature |= {"probes": settings.probes, "seed": run.config.graph.seed}
+        earlier = run.trusted("neighbours.parquet") if centroids is not None else None
+        previous = _previous_neighbours(earlier, _clustered(signature, centroids)) if earlier else None
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
-                                                      settings.probes, similarity_edges.ASSIGN)
-        signature["clustered"] = True
+                                                      settings.probes, similarity_edges.ASSIGN, centroids, previous)
+        signature = _clustered(signature, neighbours.centroids)
     pairs = similarity_edges.pairs(neighbours)
     id_array = np.asarray(ids, dtype=object)
     edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
                       pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
     run.write(EDGES, edges)
-    table = similarity_edges.to_table(keys, neighbours) if "clustered" not in signature else \
-        similarity_edges.NEIGHBOURS_SCHEMA.empty_table()
+    table = similarity_edges.to_table(keys, neighbours)
     run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
-    return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned}
+    run.write("centroids.parquet", anchor.centroids_table(neighbours.centroids, run.embedder.model_id))
+    return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned, **info}
+
+
+def _anchored_centroids(run: StageRun, dim: int) -> tuple[np.ndarray | None, dict]:
+    """The clustered index an incremental update keeps (the last full build's centroids), or None
+    (the lists are a full build's: trained centroids), and what the stage reports about it."""
+    kept_against, why = run.load_anchor()
+    if kept_against is None:
+        return None, {"update": f"full build ({why})"}
+    centroids = kept_against.centroids
+    if centroids is None or kept_against.centroids_model != run.embedder.model_id or centroids.shape[1] != dim:
+        return None, {"update": "full build (the last full build has no clustered index for these vectors)"}
+    return centroids, {"update": f"incremental ({why})"}
+
+
+def _clustered(signature: dict, centroids: np.ndarray) -> dict:
+    """The signature of lists drawn from the clustered index of `centroids`."""
+    digest = hashlib.blake2b(np.ascontiguousarray(centroids, np.float32).tobytes(), digest_size=16).hexdigest()
+    return {**signature, "clustered": True, "centroids": digest}
 
 
 def _assemble(run: StageRun) -> dict:
@@ -326,8 +350,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
           outputs=("ids.parquet", "vectors.faiss")),
-    Stage("similarity", _similarity, upstream=("embed",), settings=("embedding", "similarity", "graph"),
-          outputs=("neighbours.parquet", EDGES)),
+    Stage("similarity", _similarity, upstream=("embed", "chunk"), settings=("embedding", "similarity", "graph", "index"),
+          outputs=("neighbours.parquet", "centroids.parquet", EDGES), anchored=True),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
                                            "similarity"), settings=("config",), version=prepare.VERSION),
 )
