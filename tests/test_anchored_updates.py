@@ -29,7 +29,7 @@ Its reading room holds the papers of the Sound Maritime Society and the logbooks
 Every spring the institute lends its archive to the Vessmouth Lantern Festival.
 """
 ANCHOR_FILES = ("attribute_summaries.parquet", "community_summaries.parquet", "anchor_chunks.parquet",
-                "anchor_centroids.parquet")
+                "similarity_centroids.parquet", "semantic_centroids.parquet")
 
 
 def change(folder: Path) -> None:

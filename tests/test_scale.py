@@ -143,9 +143,11 @@ def test_anchored_clustered_lists_are_maintained_exactly():
 
 def test_an_incremental_update_on_the_clustered_path_keeps_the_anchor_clusters(tmp_path, clustered_build,
                                                                                clustered_config):
-    """The default update of a clustered workspace: the similarity stage keeps the last full build's
-    centroids and searches only the new rows; two updates of copies give the same bytes, and one
-    killed after the stage wrote its files resumes to them; `--rebuild` trains the centroids again."""
+    """The default update of a clustered workspace keeps the last full build's centroids (the
+    similarity lists', the semantic matching's K-means, the search's vector side) and searches only
+    the new rows' similarity lists; two updates of copies give the same bytes, and one
+    killed after the similarity stage wrote its files resumes to them; `--rebuild` trains every
+    centroid again, as a fresh build does."""
     folder = shutil.copytree(SAMPLE_CORPUS, tmp_path / "docs")
     documents = sorted(p for p in folder.rglob("*") if p.suffix in (".md", ".txt"))
     documents[1].write_text(documents[1].read_text() + "\n\nThe archive moved to Dunholt in 1977 after the flood.\n")
@@ -159,8 +161,8 @@ def test_an_incremental_update_on_the_clustered_path_keeps_the_anchor_clusters(t
     similarity = runs["one"].json()["stages"]["similarity"]
     vectors = runs["one"].json()["stages"]["embed"]["vectors"]
     assert similarity["update"].startswith("incremental") and 0 < similarity["rows_searched"] < vectors / 4
-    anchor_file = "anchor_centroids.parquet"
-    assert build_file(tmp_path / "one", anchor_file).read_bytes() == build_file(clustered_build, anchor_file).read_bytes()
+    for kept in ("similarity_centroids.parquet", "semantic_centroids.parquet", "cluster_centroids.npy"):
+        assert build_file(tmp_path / "one", kept).read_bytes() == build_file(clustered_build, kept).read_bytes(), kept
     for other in ("two", "killed"):
         assert_same_tables(tmp_path / "one", tmp_path / other)
     rebuilt = index(tmp_path / "one", folder, "--config", clustered_config, "--rebuild").json()["stages"]
@@ -169,6 +171,8 @@ def test_an_incremental_update_on_the_clustered_path_keeps_the_anchor_clusters(t
     fresh = tmp_path / "fresh"
     index(fresh, folder, "--config", clustered_config)
     assert_same_tables(tmp_path / "one", fresh)
+    for trained in ("similarity_centroids.parquet", "semantic_centroids.parquet", "cluster_centroids.npy"):
+        assert build_file(tmp_path / "one", trained).read_bytes() == build_file(fresh, trained).read_bytes(), trained
 
 
 def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_path):
@@ -402,3 +406,20 @@ def test_clustered_search_is_the_same_compiled_or_not(clustered_build):
                 compiled = probe_top(*side.clusters, side.vectors, query, 5, probes, kernels)
                 assert plain[0].tolist() == compiled[0].tolist()
                 assert plain[1].tobytes() == compiled[1].tobytes()
+
+
+def test_kept_kmeans_centroids_keep_each_unchanged_vector_in_its_cluster():
+    """The semantic matching's K-means with an anchor's centroids trains nothing: every vector joins
+    its nearest centroid, as the trained ones were assigned, so the vectors of the first run keep
+    their clusters beside new ones."""
+    from noderag_cli.index.communities import kmeans_labels
+
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((900, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    labels, centroids = kmeans_labels(vectors[:800], seed=3)
+    assert centroids is not None and len(centroids) == 29  # ceil(sqrt(800))
+    again, kept = kmeans_labels(vectors, seed=3, centroids=centroids)
+    assert kept is centroids and np.array_equal(again[:800], labels)
+    nearest = np.argmax(vectors[800:] @ centroids.T, axis=1)
+    assert np.array_equal(again[800:], nearest)

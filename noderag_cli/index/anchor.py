@@ -5,8 +5,11 @@ community's elements while the texts they were written from changed by at most
 `index.resummarize_share`, and keeps the communities of the last full build, new nodes joining
 them (communities.py). What it keeps them against is the anchor: each summary's result and the
 hashes of the texts it was written from, the community of every node, and the chunks of the last
-full build (to tell how much of the corpus changed since), and the centroids of the clustered
-index the similarity lists are drawn from at scale (similarity_edges.py).
+full build (to tell how much of the corpus changed since), and the centroids its global
+clusterings trained (the similarity lists' clustered index at scale, similarity_edges.py; the
+K-means of the communities' semantic matching, communities.py; the search's vector side,
+search/prepare.py): an update keeps them, each new vector joining its nearest centroid, so the
+groups of unchanged vectors stay and nothing is trained.
 
 The anchor is read from the published generation, never from a stage's own files: CURRENT only
 changes when a run publishes, so an update killed anywhere resumes against the same anchor and
@@ -40,17 +43,20 @@ SUMMARIES_SCHEMA = pa.schema([
     ("stale", pa.bool_()),  # kept although its texts changed since it was written
 ])
 CHUNKS_SCHEMA = pa.schema([("chunk_id", pa.string())])
-CENTROIDS_SCHEMA = pa.schema([("centroid", pa.list_(pa.float32()))])  # none below similarity.exact_below
+CENTROIDS_SCHEMA = pa.schema([("centroid", pa.list_(pa.float32()))])  # none where nothing was trained
 
 # the anchor's files in a generation, written by assemble from the stages' outputs of the same names
 ATTRIBUTE_SUMMARIES = "attribute_summaries"
 COMMUNITY_SUMMARIES = "community_summaries"
 ANCHOR_CHUNKS = "anchor_chunks"
-ANCHOR_CENTROIDS = "anchor_centroids"
+SIMILARITY_CENTROIDS = "similarity_centroids"
+SEMANTIC_CENTROIDS = "semantic_centroids"
 FILES = {ATTRIBUTE_SUMMARIES: ("attributes", "summaries.parquet"),
          COMMUNITY_SUMMARIES: ("communities", "summaries.parquet"),
          ANCHOR_CHUNKS: ("attributes", "anchor_chunks.parquet"),
-         ANCHOR_CENTROIDS: ("similarity", "centroids.parquet")}
+         SIMILARITY_CENTROIDS: ("similarity", "centroids.parquet"),
+         SEMANTIC_CENTROIDS: ("communities", "centroids.parquet")}
+VECTOR_SIDE_CENTROIDS = "cluster_centroids"  # the search's own (search/prepare.py), unit length, not a link
 
 
 def text_hash(text: str) -> str:
@@ -74,9 +80,14 @@ class Anchor:
     community_table: pa.Table
     node_ids: pa.Array  # the nodes the last build clustered,
     node_labels: np.ndarray  # and their communities
-    centroids: np.ndarray | None  # (clusters, dim) grid-valued float32 (ivf.py); None below similarity.exact_below
-    centroids_model: str | None  # the embedding model of the vectors they were trained on
+    trained: dict[str, tuple[np.ndarray, str]]  # centroids (clusters, dim) and the embedding model, by name
     changed_share: float
+
+    def centroids(self, name: str, model: str, dim: int) -> np.ndarray | None:
+        """The centroids of `name` (SIMILARITY_CENTROIDS, ...) if the last full build trained them on
+        vectors of this `model` and `dim`: vectors of another model are not near them."""
+        centroids, trained_on = self.trained.get(name, (None, None))
+        return centroids if centroids is not None and trained_on == model and centroids.shape[1] == dim else None
 
     @cached_property
     def attributes(self) -> dict[str, Summary]:
@@ -127,7 +138,8 @@ def load(source: Workspace, config: IndexConfig, chunk_ids: pa.Array, rebuild: b
         files = tuple(f"{name}.parquet" for name in FILES)
         if not all(file in generation.manifest.get("files", {}) for file in files):
             return None, "the earlier build has no anchor"
-        damaged = generation.verify(files)  # a flipped bit would keep summaries against the wrong texts
+        # a flipped bit would keep summaries against the wrong texts
+        damaged = generation.verify((*files, f"{VECTOR_SIDE_CENTROIDS}.npy"))
         if damaged:
             return None, f"workspace file {damaged[0]}"
         anchor = _read(generation, chunk_ids)
@@ -145,9 +157,14 @@ def _read(generation: Generation, chunk_ids: pa.Array) -> Anchor:
     chunks = generation.table(ANCHOR_CHUNKS)["chunk_id"]
     nodes = generation.table("nodes", ["id", "community"])
     nodes = nodes.filter(pc.greater_equal(nodes["community"], 0))
+    trained = {name: centroids_of(generation.table(name)) for name in (SIMILARITY_CENTROIDS, SEMANTIC_CENTROIDS)}
+    if f"{VECTOR_SIDE_CENTROIDS}.npy" in generation.manifest.get("files", {}):
+        trained[VECTOR_SIDE_CENTROIDS] = (np.array(generation.array(VECTOR_SIDE_CENTROIDS), np.float32),
+                                          generation.manifest.get("embedding", {}).get("model"))
     return Anchor(chunks, generation.table(ATTRIBUTE_SUMMARIES), generation.table(COMMUNITY_SUMMARIES),
                   nodes["id"].combine_chunks(), nodes["community"].to_numpy().astype(np.int64),
-                  *centroids_of(generation.table(ANCHOR_CENTROIDS)), changed_share(chunks, chunk_ids))
+                  {name: value for name, value in trained.items() if value[0] is not None},
+                  changed_share(chunks, chunk_ids))
 
 
 def _summaries(table: pa.Table, key_type) -> dict:
@@ -164,8 +181,8 @@ def summaries_table(rows: list[tuple[str, list[str], list[str], list[str], bool]
 
 
 def centroids_table(centroids: np.ndarray | None, model: str) -> pa.Table:
-    """The clustered index's centroids, one row each (none when the lists are exact), and the
-    embedding model of the vectors they were trained on."""
+    """Trained centroids, one row each (none when nothing was trained), and the embedding model of
+    the vectors they were trained on."""
     metadata = {"model": model}
     if centroids is None:
         return CENTROIDS_SCHEMA.empty_table().replace_schema_metadata(metadata)

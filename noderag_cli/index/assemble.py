@@ -94,9 +94,10 @@ def anchor_counts(ws: Workspace) -> dict:
 
 
 def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[str, ...], edge_stages: tuple[str, ...],
-        before_publish: Callable[[], None]) -> dict:
+        before_publish: Callable[[], None], centroids: np.ndarray | None = None) -> dict:
     """Write the build of the stages that make nodes and edges as a new generation and make it
-    current; then remove the generations and the files of the older layout that no reader holds."""
+    current; then remove the generations and the files of the older layout that no reader holds.
+    `centroids`: the search's vector-side clusters an incremental update keeps (anchor.py)."""
     ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
     vector_file = ws.stage_path("embed", "vectors.faiss")
     vectors = ivf.read_flat(vector_file)
@@ -115,7 +116,7 @@ def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[st
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id", "doc_id", "start", "end", "location"])
         prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
-                           config.search.clustered_from, chunks)
+                           config.search.clustered_from, chunks, centroids)
         for name, array in prepared.arrays.items():
             writer.array(name, array)
         for name, table in prepared.tables.items():

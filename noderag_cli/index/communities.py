@@ -26,7 +26,7 @@ from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Element, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id, row_entries
 from . import summaries
-from .anchor import Anchor, summaries_table, text_hash
+from .anchor import SEMANTIC_CENTROIDS, Anchor, centroids_table, summaries_table, text_hash
 
 
 def _igraph():
@@ -120,20 +120,28 @@ def anchored(graph: Graph, anchor_ids: pa.Array, anchor_labels: np.ndarray, seed
     return labels.astype(np.int32)
 
 
-def kmeans_labels(vectors: np.ndarray, seed: int) -> np.ndarray:
-    """Cluster of each vector: seeded spherical K-means, K = ceil(sqrt(n)). faiss splits each
-    update's centroids among its threads, each summing its centroids' points in point order, so the
-    clusters do not depend on the number of threads. Trained on at most 256 points per centroid
-    (faiss's seeded sample, its default): every point up to 65,536 vectors, where K x 256 reaches
-    n; beyond, training on all of them grew as n^1.5 for centroids no better."""
+def kmeans_labels(vectors: np.ndarray, seed: int, centroids: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Cluster of each vector, and the centroids: seeded spherical K-means, K = ceil(sqrt(n)). faiss
+    splits each update's centroids among its threads, each summing its centroids' points in point
+    order, so the clusters do not depend on the number of threads. Trained on at most 256 points
+    per centroid (faiss's seeded sample, its default): every point up to 65,536 vectors, where K x
+    256 reaches n; beyond, training on all of them grew as n^1.5 for centroids no better. With an
+    anchor's `centroids` (an incremental update) nothing is trained: each vector joins its nearest,
+    as the trained ones are assigned, so an unchanged vector keeps its cluster."""
     n = len(vectors)
-    k = max(1, math.ceil(math.sqrt(n)))
-    if n <= k:
-        return np.arange(n, dtype=np.int64)
-    km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
-                      max_points_per_centroid=256)
-    km.train(np.ascontiguousarray(vectors, dtype=np.float32))
-    return km.index.search(vectors, 1)[1].ravel()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if centroids is None:
+        k = max(1, math.ceil(math.sqrt(n)))
+        if n <= k:
+            return np.arange(n, dtype=np.int64), None
+        km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
+                          max_points_per_centroid=256)
+        km.train(vectors)
+        return km.index.search(vectors, 1)[1].ravel(), km.centroids
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    return index.search(vectors, 1)[1].ravel(), centroids
 
 
 def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_tokens: int) -> list[tuple[int, list[int]]]:
@@ -160,9 +168,9 @@ def run(
     max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
     count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens, anchor: Anchor | None = None,
     resummarize_share: float = 0.0,
-) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str], pa.Table]:
-    """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures, and the
-    summaries record (`anchor.py`). Reads the `tokens` column of `nodes`. A community's elements
+) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str], pa.Table, pa.Table]:
+    """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures, the
+    summaries record and the semantic matching's K-means centroids (`anchor.py`). Reads the `tokens` column of `nodes`. A community's elements
     are written in parts of about `leaf_tokens` (index/summaries.py). With an `anchor`, its
     communities stay (`anchored`), and one whose shown texts changed by at most
     `resummarize_share` since its elements were written keeps them, and nothing is asked."""
@@ -220,7 +228,9 @@ def run(
     h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
     pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
     pool_vectors = embedder.embed([texts[i] for i in content.tolist()] + [h_texts[h] for h in h_ids])
-    clusters = kmeans_labels(pool_vectors, seed) if len(pool_ids) else np.zeros(0, np.int64)
+    kept_centroids = anchor.centroids(SEMANTIC_CENTROIDS, embedder.model_id, embedder.dim) if anchor else None
+    clusters, centroids = kmeans_labels(pool_vectors, seed, kept_centroids) if len(pool_ids) else \
+        (np.zeros(0, np.int64), None)
     pool_community = np.concatenate([membership[content], np.array([h_community[h] for h in h_ids], dtype=np.int32)])
     buckets: dict[tuple[int, int], list[str]] = defaultdict(list)
     for node, community, cluster in zip(pool_ids[: len(content)], pool_community[: len(content)].tolist(), clusters[: len(content)].tolist(), strict=True):
@@ -234,4 +244,5 @@ def run(
     ids = graph.ids.tolist() + new_nodes["id"].to_pylist()
     labels = membership.tolist() + [h_community.get(i, -1) for i in new_nodes["id"].to_pylist()]
     assignments = pa.table({"id": pa.array(ids, pa.string()), "community": pa.array(labels, pa.int32())})
-    return new_nodes, new_edges, assignments, failures, summaries_table(records)
+    return new_nodes, new_edges, assignments, failures, summaries_table(records), \
+        centroids_table(centroids, embedder.model_id)

@@ -229,7 +229,7 @@ def _communities(run: StageRun) -> dict:
     nodes, edges = run.nodes("decompose", "attributes"), run.edges("decompose", "attributes")
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
-    new_nodes, new_edges, assignments, failures, summaries = communities.run(
+    new_nodes, new_edges, assignments, failures, summaries, centroids = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
         g.summary_leaf_tokens, run.reporter.advance, anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
@@ -237,6 +237,7 @@ def _communities(run: StageRun) -> dict:
     failed = run.commit_graph(new_nodes, new_edges, failures)
     run.write("assignments.parquet", assignments.sort_by("id"))
     run.write("summaries.parquet", summaries)
+    run.write("centroids.parquet", centroids)
     n_communities = len(set(assignments["community"].to_pylist()) - {-1})
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed,
             **_anchor_info(kept_against, why, summaries)}
@@ -306,8 +307,8 @@ def _anchored_centroids(run: StageRun, dim: int) -> tuple[np.ndarray | None, dic
     kept_against, why = run.load_anchor()
     if kept_against is None:
         return None, {"update": f"full build ({why})"}
-    centroids = kept_against.centroids
-    if centroids is None or kept_against.centroids_model != run.embedder.model_id or centroids.shape[1] != dim:
+    centroids = kept_against.centroids(anchor.SIMILARITY_CENTROIDS, run.embedder.model_id, dim)
+    if centroids is None:
         return None, {"update": "full build (the last full build has no clustered index for these vectors)"}
     return centroids, {"update": f"incremental ({why})"}
 
@@ -320,8 +321,11 @@ def _clustered(signature: dict, centroids: np.ndarray) -> dict:
 
 def _assemble(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
+    kept_against, _ = run.load_anchor()
+    centroids = kept_against.centroids(anchor.VECTOR_SIDE_CENTROIDS, run.embedder.model_id, run.embedder.dim) \
+        if kept_against else None
     return assemble.run(run.ws, run.config, run.embedder, NODE_STAGES, EDGE_STAGES,
-                        lambda: kill_point("assemble", "publish"))
+                        lambda: kill_point("assemble", "publish"), centroids)
 
 
 def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
@@ -346,14 +350,15 @@ STAGES: tuple[Stage, ...] = (
           outputs=(*GRAPH_OUTPUTS, "summaries.parquet", "anchor_chunks.parquet"), anchored=True),
     Stage("communities", _communities, upstream=("decompose", "attributes"),
           settings=("engine", "graph", "embedding", "index"), task="community_elements",
-          outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet", "summaries.parquet"), anchored=True),
+          outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet", "summaries.parquet", "centroids.parquet"),
+          anchored=True),
     Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
     Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
           outputs=("ids.parquet", "vectors.faiss")),
     Stage("similarity", _similarity, upstream=("embed", "chunk"), settings=("embedding", "similarity", "graph", "index"),
           outputs=("neighbours.parquet", "centroids.parquet", EDGES), anchored=True),
     Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
-                                           "similarity"), settings=("config",), version=prepare.VERSION),
+                                           "similarity"), settings=("config",), version=prepare.VERSION, anchored=True),
 )
 
 

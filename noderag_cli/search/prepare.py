@@ -290,22 +290,28 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.n
     return arrays, tables, {"sentence_keys": key_count}
 
 
-def vector_clusters(vectors: np.ndarray, names: list[str], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The clusters the vector side probes in a large build: (unit centroids (c, d) float32, indptr,
     members as positions in `vectors`), each vector in its nearest cluster; order-free, as
-    `ivf.Clusters` is, so the same vectors give the same bytes."""
+    `ivf.Clusters` is, so the same vectors give the same bytes. `centroids`: an earlier build's
+    (an incremental update keeps them, index/anchor.py), else trained."""
     grid = ivf.quantised(vectors)
-    clusters = ivf.Clusters.build(grid, names, seed, ivf.BUCKET, 1, 1)
+    if centroids is None:
+        clusters = ivf.Clusters.build(grid, names, seed, ivf.BUCKET, 1, 1)
+    else:
+        on_grid = np.asarray(centroids, np.float32) * np.float32(ivf.QUANT)  # exact: they were divided by it
+        clusters = ivf.Clusters(on_grid, ivf.nearest(grid, on_grid, 1), 1)
     indptr, members = clusters.members()
     return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
 
 
 def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
             similarity_weight: float, seed: int = 42, clustered_from: int | None = None,
-            chunks: pa.Table | None = None) -> Prepared:
+            chunks: pa.Table | None = None, centroids: np.ndarray | None = None) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
     tables, the vectors (row i = `vector_row` i) and the chunks table (for where nodes came from;
-    none: no places)."""
+    none: no places). `centroids`: the vector side's clusters to keep (`vector_clusters`)."""
     out = Prepared()
     nodes = nodes.combine_chunks()
     n = nodes.num_rows
@@ -327,7 +333,7 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         out.arrays["scanned_rows"] = scanned_rows
         if clustered_from is not None and len(scanned_rows) >= clustered_from:
             names = nodes["id"].take(pa.array(node_of_vector[scanned_rows])).to_pylist()
-            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names, seed)
+            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names, seed, centroids)
             out.arrays["cluster_centroids"] = centroids
             out.arrays["cluster_indptr"] = indptr
             out.arrays["cluster_rows"] = scanned_rows[members]
