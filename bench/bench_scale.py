@@ -129,8 +129,10 @@ def retrieval_latency(workspaces: dict[int, Path], questions: list[str], rounds:
 
 def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | None:
     """The share of the exact 64 nearest neighbours (by the grid's exact cosine) that a node's
-    similarity candidates hold, over `sample` nodes: recomputed for those nodes as the build
-    defines them (all nodes below similarity.exact_below, else the probed clusters' members)."""
+    stored similarity list holds (its first 64: exact below similarity.exact_below, else the best
+    of its probed clusters' members, of centroids trained or kept by an incremental update), over
+    `sample` nodes."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from noderag_cli import ivf
@@ -138,25 +140,16 @@ def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | Non
     from noderag_cli.index import similarity_edges as se
 
     config = load_config(workspace / "config.yaml")
-    ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
     vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
-    n, k = len(ids), config.similarity.neighbours
-    if n < config.similarity.exact_below:
-        return 1.0
+    lists = pq.read_table(workspace / "stages" / "similarity.neighbours.parquet", columns=["candidates"])["candidates"]
+    n, k = len(vectors), config.similarity.neighbours
+    if lists.length() != n:
+        return None
     grid = ivf.quantised(vectors)
     rows = np.sort(np.random.default_rng(seed).choice(n, min(sample, n), replace=False))
     exact, _ = se.top_k(se.scores_against(grid, rows), rows, k)
-    clusters = ivf.Clusters.build(grid, se.keys(ids, vectors).tolist(), config.graph.seed, ivf.BUCKET,
-                                  config.similarity.probes, se.ASSIGN)
-    indptr, members = clusters.members()
-    found = []
-    for position, row in enumerate(rows):
-        probed = clusters.probes[row, : config.similarity.probes]
-        candidates = np.unique(np.concatenate([members[indptr[c] : indptr[c + 1]] for c in probed]))
-        candidates = candidates[candidates != row]
-        scores = (grid[row] @ grid[candidates].T) / np.float32(ivf.QUANT**2)
-        best = candidates[np.lexsort((candidates, -scores))[:k]]
-        found.append(len(set(best.tolist()) & set(exact[position].tolist())) / k)
+    stored = lists.combine_chunks().take(pa.array(rows))
+    found = [len(set(stored[i].as_py()[:k]) & set(exact[i].tolist())) / k for i in range(len(rows))]
     return float(np.mean(found))
 
 

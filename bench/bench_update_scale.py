@@ -26,12 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.bench_scale import STAGES, cli, run_measured
+from bench.bench_scale import STAGES, candidate_recall, cli, run_measured
 from bench.corpus import DEFAULT_DATA, available, write_corpus
 from noderag_cli.index.scan import RECENT_NS
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 20240501
+RECALL_SAMPLE = 500
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def log(message: str) -> None:
@@ -125,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     equal = all(build_file(args.work / "ws-update", n).read_bytes() == build_file(args.work / "ws-fresh", n).read_bytes()
                 for n in ("nodes.parquet", "edges.parquet"))
     update, fresh = runs["update"], runs["fresh build (final)"]
+    log("similarity lists against exact ones ...")
+    recall = {name: candidate_recall(args.work / workspace, RECALL_SAMPLE)
+              for name, workspace in (("update", "ws-update"), ("fresh", "ws-fresh"))}
     lines = [title, "",
              f"Command: `python -m bench.bench_update_scale --passages {args.passages}`. Base: {change['base']:,} "
              f"passages; the update changes {change['changed']:,}, deletes {change['deleted']:,} and adds "
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
               + f" ({update['similarity'].get('update', 'exact lists, below `similarity.exact_below`')}): only new "
               "rows and rows that lost more than their spare candidates are searched; in exact mode (or a full "
               "build) above `similarity.exact_below` every list is, against centroids trained afresh.",
+              f"- Similarity lists' recall@64 against exact lists ({RECALL_SAMPLE} sampled nodes of each): update "
+              f"{_share(recall['update'])}, fresh build {_share(recall['fresh'])}.",
               f"- Update's nodes.parquet and edges.parquet byte-identical to the fresh build: **{'yes' if equal else 'NO'}**"
               + (" (required in exact mode)." if args.exact else " (not expected of an incremental update).")]
     text = "\n".join(lines) + "\n"
