@@ -154,9 +154,15 @@ def measure(data: Path, work: Path, graph: dict | None = None, share: float | No
     def estimated(mode: str) -> str:
         estimate = planned[mode]["total"]
         calls, tokens = len(seen[mode]), sum(x[2] for x in seen[mode])
+        per_task = []
+        for task, row in sorted(planned[mode]["tasks"].items()):
+            made = [x for x in seen[mode] if x[0] == task]
+            per_task.append(f"{task} {row['calls']:,} / {len(made):,} calls, "
+                            f"{row['input_tokens'] + row['output_tokens']:,} / {sum(x[2] for x in made):,} tokens")
         return (f"{estimate['calls']:,} calls and {estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the "
                 f"update made {calls:,} calls (estimate {estimate['calls'] / max(calls, 1):.0%} of them) and "
-                f"{tokens:,} tokens (estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(tokens, 1):.0%})")
+                f"{tokens:,} tokens (estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(tokens, 1):.0%}; "
+                f"estimated / made: {'; '.join(per_task)})")
 
     incremental = runs["incremental"].summary["stages"]
     share = {k: sum(x[2] for x in seen[k]) / max(sum(x[2] for x in seen["fresh"]), 1) for k in ("update", "incremental")}

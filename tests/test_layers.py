@@ -179,3 +179,31 @@ def test_the_cycle_check_sees_a_lazy_cycle(tmp_path):
     (tmp_path / "engines" / "c.py").write_text("def g():\n    from .a import f\n")
     (tmp_path / "other.py").write_text("from .engines import a\n")
     assert cycles(module_imports(tmp_path)) == [["engines.a", "engines.b", "engines.c"]]
+
+
+def engine_name_checks(root: Path) -> list[str]:
+    """`file:line` of every comparison with a config's engine name (`llm.engine == ...`) outside
+    engines/: what an engine can do is its declared capabilities (`asks_a_model`, `cites_context`,
+    ... on `engines.base.Engine`), so a new engine changes one package, not every caller."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "engines" in path.relative_to(root).parts[:-1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Attribute) and side.attr == "engine" and isinstance(side.value, ast.Attribute)
+                    and side.value.attr == "llm" for side in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_module_outside_engines_decides_by_the_engine_name():
+    assert engine_name_checks(PACKAGE) == []
+
+
+def test_the_engine_name_check_sees_a_comparison(tmp_path):
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "x.py").write_text("def f(config):\n    return config.llm.engine != 'offline'\n")
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "y.py").write_text("def g(config):\n    return config.llm.engine == 'litellm'\n")
+    assert engine_name_checks(tmp_path) == ["search/x.py:2"]

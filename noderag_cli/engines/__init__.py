@@ -8,9 +8,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..cache import Cache
-    from ..config import Config
+    from ..config import Config, LLMConfig
     from ..embeddings import Embedder
     from .base import Engine
+
+
+def engine_class(llm: LLMConfig) -> type[Engine]:
+    """The class of the engine `llm.engine` names, for its declared capabilities before one is made."""
+    if llm.engine == "litellm":
+        from .llm import LiteLLMEngine
+
+        return LiteLLMEngine
+    from .offline import OfflineEngine
+
+    return OfflineEngine
 
 
 def make_engine(config: Config, cache: Cache | None, embedder: Embedder, executor=None,

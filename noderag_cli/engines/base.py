@@ -110,6 +110,13 @@ class Engine:
     """Whether an item it fails on fails the same way on every run (a deterministic engine): such a
     failure is reported by the run that meets it and kept in the failures tables, but no run retries
     it or exits 1 for it again."""
+    asks_a_model: bool = False
+    """Whether its tasks are requests to a language model: replies that cost money and time, kept in
+    the cache and counted by `index --dry-run`; what only a model can write (HyDE's passage, an
+    answer judged by a model) needs one."""
+    cites_context: bool = False
+    """Whether its answer reads the context numbered and cites it ([n]); otherwise the answer names
+    its sources itself."""
 
     def decompose(self, chunks: Sequence[ChunkInput], progress: Advance | None = None) -> list[list[Unit] | Failure]:
         raise NotImplementedError
@@ -126,6 +133,10 @@ class Engine:
         raise NotImplementedError
 
     def answer(self, question: str, context: str) -> str:
+        raise NotImplementedError
+
+    def passage(self, question: str) -> str:
+        """A hypothetical passage that answers `question` (HyDE), when it `asks_a_model`."""
         raise NotImplementedError
 
     def answer_parts(self, question: str, context: str) -> tuple[str | None, str]:

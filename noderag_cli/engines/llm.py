@@ -137,6 +137,8 @@ class LiteLLMEngine(Engine):
     """
 
     NOTICE_SECONDS = 10.0
+    asks_a_model = True
+    cites_context = True
 
     def __init__(
         self,

@@ -217,7 +217,7 @@ def run_ablation(workspace: Path, questions: list[Question], names: list[str] | 
     except (OSError, WorkspaceError):
         cache = None
     engine = make_engine(retriever.config, cache, retriever.embedder) \
-        if cache is not None and retriever.config.llm.engine != "offline" else None  # replies kept for a re-run
+        if cache is not None and retriever.engine.asks_a_model else None  # replies kept for a re-run
     setup = Setup(retriever, ws.root, cache, engine=engine)
     result = AblationResult(rows=[], budgets=budgets, questions=len(questions), workspace=str(workspace),
                             strategies={n: {"kind": STRATEGIES[n].kind, "description": STRATEGIES[n].description}

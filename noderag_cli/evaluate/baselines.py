@@ -77,7 +77,8 @@ class Setup:
 
     @property
     def offline(self) -> bool:
-        return self.retriever.config.llm.engine == "offline"
+        """No language model behind the engine: what only a model writes is skipped."""
+        return not self.retriever.engine.asks_a_model
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import Config, EmbeddingConfig
 from ..embeddings import Embedder
+from ..engines import engine_class
 from ..engines.offline import OfflineEngine
 from ..engines.transport import SpendingCap
 from ..errors import BadInputError
@@ -78,8 +79,9 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
     offline = config.model_copy(update={"llm": config.llm.model_copy(update={"engine": "offline"}),
                                         "embedding": EmbeddingConfig()})  # the bundled model: no network
     replies = None
-    if cache is not None and config.llm.engine == "litellm":
-        from ..engines.llm import LiteLLMEngine
+    counted = engine_class(config.llm).asks_a_model  # the offline engine's work costs nothing
+    if cache is not None and counted:
+        from ..engines.llm import LiteLLMEngine  # the one engine that asks a model
 
         replies = LiteLLMEngine(config.llm, cache)
     recorder = _RecordingEngine(Embedder(offline.embedding), replies)
@@ -94,7 +96,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
             scratch_ws.close()
 
     tasks = {}
-    for task, items in recorder.seen.items() if config.llm.engine == "litellm" else ():
+    for task, items in recorder.seen.items() if counted else ():
         items = _unique(items)  # (what the cache answers was never recorded)
         prompt_tokens = pricing.prompt_tokens_for(task, items, config.llm.model, prompts.prompt_set(config.llm.prompts)) \
             if items else []

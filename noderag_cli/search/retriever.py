@@ -390,7 +390,7 @@ class Retriever:
         """The engine's answer. An LLM reads the context numbered and cites it ([n]); the offline
         engine's extractive answer names each sentence's documents itself."""
         t0 = time.perf_counter()
-        cites = self.config.llm.engine != "offline"
+        cites = self.engine.cites_context
         retrieval.short_answer, retrieval.answer = self.engine.answer_parts(retrieval.question,
                                                                             retrieval.context_text(numbered=cites))
         if cites:
