@@ -66,23 +66,6 @@ def _first_line(err: BaseException) -> str:
     return _one_line(lines[0] if lines else type(err).__name__, 200)
 
 
-def _root_cause(err: BaseException) -> str:
-    """What went wrong at the bottom of an exception chain, briefly (for connection failures)."""
-    root = err
-    for _ in range(8):
-        nxt = root.__cause__ or root.__context__
-        if nxt is None:
-            break
-        root = nxt
-    if isinstance(root, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(root, OSError) and root.strerror:
-        return root.strerror
-    return _first_line(root)
-
-
-
-# --------------------------------------------------------------------------- litellm import
 # --------------------------------------------------------------------------- event loop
 class _LoopThread:
     """One asyncio loop in a daemon thread, shared by all engines of a process."""

@@ -162,13 +162,6 @@ class VectorSide:
         """Every vector row as float32, in memory (for evaluation strategies; never per question)."""
         return widen(self.vectors, slice(None))
 
-    @functools.cached_property
-    def scanned_position(self) -> np.ndarray:
-        """Per vector row, its place among the scanned (S, A, H) rows, or -1."""
-        position = np.full(len(self.vectors), -1, dtype=np.int64)
-        position[self.scanned_rows] = np.arange(len(self.scanned_rows))
-        return position
-
     def cosines(self, query: np.ndarray, vector_rows: np.ndarray) -> np.ndarray:
         """The query's cosine to each given vector row: the rows widened to float32 (by the compiled
         kernel where the retriever loaded them, else by `widen`: the same values), then
