@@ -12,6 +12,23 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+# the namespaces of the cache's keys, each with what its entries hold (docs/workspace.md lists them,
+# tests/test_layers.py checks that it does)
+SCAN = "scan"
+EXTRACT = "extract"
+DECOMPOSE = "decompose"
+OFFLINE = "offline"
+EMBEDDING = "embedding"
+LLM = "llm"
+NAMESPACES = {
+    SCAN: "a file's content hash by its path, size, times and inode, so an unchanged file is not read again",
+    EXTRACT: "the text a reader extracted from a PDF, Office, HTML or EPUB document, by its content",
+    DECOMPOSE: "each chunk's units, entities and relationships, per engine and chunk",
+    OFFLINE: "the offline engine's attributes and community groupings, per input",
+    EMBEDDING: "vectors of a model behind litellm, not the bundled model's, which cost less to compute than to read back",
+    LLM: "every LLM request's reply",
+}
+
 CACHE_TABLE = "CREATE TABLE IF NOT EXISTS kv (ns TEXT, key TEXT, value BLOB, PRIMARY KEY (ns, key))"
 COMPRESSED = b"\x00zlib:"  # the prefix of a compressed cache value
 CHECKED = b"\x00crc:"  # the prefix of a stored value that carries its CRC-32 (4 bytes) before it

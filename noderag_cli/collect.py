@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .cache import CACHE_TABLE, cache_damage, read_only_uri
-from .engines.llm import CACHE_NS as LLM_NS
+from .cache import CACHE_TABLE, LLM, cache_damage, read_only_uri
 from .index.stages import STAGES
 from .index.state import RUNNING, Manifest, live_cache_keys
 from .workspace import CACHE_KEYS, GENERATIONS_DIR, Workspace
@@ -63,7 +62,7 @@ def _sweep_cache(ws: Workspace, live: list[tuple[str, str]], dry_run: bool) -> d
         db.executemany("INSERT INTO live VALUES (?, ?)", live)
         total = db.execute("SELECT COUNT(*) FROM kv").fetchone()[0]
         dead, dead_bytes, paid = db.execute(
-            f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0), COALESCE(SUM(ns = '{LLM_NS}'), 0) "
+            f"SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0), COALESCE(SUM(ns = '{LLM}'), 0) "
             f"FROM kv WHERE NOT {wanted}").fetchone()
         report = {"entries": total, "removed": dead, "bytes": dead_bytes, "paid_replies": paid}
         if dry_run or not dead:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nlp
-from .cache import Cache
+from .cache import EMBEDDING, Cache
 from .config import EmbeddingConfig
 from .errors import ConfigError, EngineError, SpendingCapError, WorkspaceError
 from .executor import Executor
@@ -240,7 +240,7 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self.cache is not None and self.cache.recording and self.config.backend != "wordllama":
-            self.cache.touch("embedding", map(self.cache_key, dict.fromkeys(texts)))  # memory's too: still needed
+            self.cache.touch(EMBEDDING, map(self.cache_key, dict.fromkeys(texts)))  # memory's too: still needed
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
         if missing and self.config.backend == "wordllama":
             batches = [(self.config, missing[i : i + EMBED_BATCH]) for i in range(0, len(missing), EMBED_BATCH)]
@@ -250,7 +250,7 @@ class Embedder:
             self.computed += len(missing)
         elif missing:
             keys = [self.cache_key(t) for t in missing]
-            found = self.cache.get_many("embedding", keys) if self.cache else {}
+            found = self.cache.get_many(EMBEDDING, keys) if self.cache else {}
             fresh = []
             for text, key in zip(missing, keys, strict=True):
                 blob = found.get(key)
@@ -264,6 +264,6 @@ class Embedder:
                 self.computed += len(part)
                 self._memo.update((text, vector) for (text, _), vector in zip(part, vectors, strict=True))
                 if self.cache:
-                    self.cache.put_many("embedding", [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
+                    self.cache.put_many(EMBEDDING, [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
         memo = self._memo
         return np.stack([memo[t] for t in texts])

@@ -11,9 +11,8 @@
                        vectors, the config it was built with, and every structure the search reads
                        (`search/prepare.py`), memory-mappable; its manifest.json records each file's
                        size and checksum. `.readers` is flocked shared by every process reading it.
-    cache.sqlite       content-addressed cache: chunking ("chunks"), decompositions ("decompose"),
-                       token counts ("tokens"), vectors ("embedding"), LLM calls ("llm"), offline
-                       summaries ("offline"); entries are never stale, only unused
+    cache.sqlite       content-addressed cache, one namespace per kind of work (`cache.NAMESPACES`:
+                       what each holds); entries are never stale, only unused
     noderag.log        what each run did
     .lock              held (flock) by the one `index` run allowed at a time; the kernel
                        releases it when the process dies, however it dies

@@ -207,3 +207,16 @@ def test_the_engine_name_check_sees_a_comparison(tmp_path):
     (tmp_path / "engines").mkdir()
     (tmp_path / "engines" / "y.py").write_text("def g(config):\n    return config.llm.engine == 'litellm'\n")
     assert engine_name_checks(tmp_path) == ["search/x.py:2"]
+
+
+def test_the_cache_namespaces_are_declared_once_and_the_docs_list_them():
+    """Every namespace a module stores under is a constant of `cache.NAMESPACES` (no bare string
+    in a cache call), and docs/workspace.md names exactly those."""
+    from noderag_cli.cache import NAMESPACES
+
+    calls = re.compile(r"\.(?:get_many|put_many|touch|delete_many)\(\s*[\"']")
+    bare = [f"{p.relative_to(PACKAGE)}" for p in sorted(PACKAGE.rglob("*.py")) if calls.search(p.read_text(encoding="utf-8"))]
+    assert bare == [], "cache calls with a namespace written as a string"
+    row = next(line for line in (ROOT / "docs" / "workspace.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `cache.sqlite` |"))
+    assert set(re.findall(r"`(\w+)` \(", row)) == set(NAMESPACES)

@@ -3,7 +3,7 @@
 What it does for every task item (see `prompts.py` for the prompts and reply shapes; every
 request goes through `transport.Transport`, which owns the key, admission, retries, 429 waits
 and accounting):
-- looks the request up in the workspace `Cache` (namespace "llm", key: a digest of model,
+- looks the request up in the workspace `Cache` (namespace `cache.LLM`, key: a digest of model,
   messages and the parameters that shape the reply); a hit costs nothing and is counted;
 - otherwise asks for structured output (response_format json_schema) when
   `llm.structured_output`; a server that refuses it gets weaker modes for the rest of the run
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache import Cache
+from ..cache import LLM, Cache
 from ..config import LLMConfig
 from ..errors import ConfigError, EngineError, SpendingCapError
 from ..limiter import SlidingWindowLimiter
@@ -69,7 +69,6 @@ from .transport import (
     _refuses_connections,
 )
 
-CACHE_NS = "llm"
 CACHE_VERSION = 1
 CHECK_TASK = "check_connection"
 CHECK_TOKENS = 64  # what the check call may use at most, reserved with the limiter
@@ -341,7 +340,7 @@ class LiteLLMEngine(Engine):
         stats = self.stats.task(task)
         messages = [self.prompts.messages(task, item) for item in items]
         keys = [self.request_key(task, m) for m in messages]
-        found = self.cache.get_many(CACHE_NS, keys)
+        found = self.cache.get_many(LLM, keys)
         results: list[Any] = [self._from_cache(task, found.get(key), m) for key, m in zip(keys, messages, strict=True)]
         todo: dict[str, list[int]] = {}
         for index, key in enumerate(keys):
@@ -364,7 +363,7 @@ class LiteLLMEngine(Engine):
 
         def done(job, outcome) -> None:
             values, written, delta, reasons = outcome
-            self.cache.put_many(CACHE_NS, written)
+            self.cache.put_many(LLM, written)
             if delta is not None:
                 stats.add(delta)
             self.stats.failure_reasons.update(reasons)
@@ -453,7 +452,7 @@ class LiteLLMEngine(Engine):
     async def _keep(self, task: str, key: str, reply: Any, text: str, corrected: bool, messages: list[dict]) -> Any:
         """Cache a usable reply (as validated, before grounding) and return the item's result."""
         value = json.dumps({"data": reply.model_dump(mode="json"), "reply": text, "corrected": corrected})
-        await _CacheWriter.get().put(self.cache, CACHE_NS, key, value.encode())
+        await _CacheWriter.get().put(self.cache, LLM, key, value.encode())
         return self._result(task, reply, messages)
 
     async def _longer(self, task: str, messages: list[dict], key: str, auth: dict, cut: _Reply) -> Any:

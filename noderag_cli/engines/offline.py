@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import nlp
-from ..cache import Cache
+from ..cache import OFFLINE, Cache
 from ..config import LLMConfig
 from ..embeddings import Embedder
 from ..files import json_digest
@@ -195,7 +195,7 @@ class OfflineEngine(Engine):
         texts (texts_of(payload)) of the payloads to compute are embedded first, in one call.
         Values are JSON; a Failure is returned, never stored."""
         keys = [json_digest([self.name, self.embedder.vector_id, task, payload]) for payload in payloads]
-        found = self.cache.get_many("offline", keys) if self.cache is not None else {}
+        found = self.cache.get_many(OFFLINE, keys) if self.cache is not None else {}
         missing = [payload for key, payload in zip(keys, payloads, strict=True) if key not in found]
         self.embedder.embed(_distinct(t for payload in missing for t in texts_of(payload)))
         results, fresh = [], []
@@ -208,7 +208,7 @@ class OfflineEngine(Engine):
             if not isinstance(value, Failure):
                 fresh.append((key, json.dumps(value).encode()))
         if self.cache is not None:
-            self.cache.put_many("offline", fresh)
+            self.cache.put_many(OFFLINE, fresh)
         return results
 
     # decompose -----------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .. import nlp, readers
-from ..cache import Cache
+from ..cache import EXTRACT, Cache
 from ..config import ChunkConfig
 from ..executor import Executor
 from ..files import json_digest
@@ -334,7 +334,7 @@ def document_chunks(
             out.append(None)
             todo.append(position)
     keys = {p: extraction_key(files[p], identity) for p in todo if files[p].extracted}
-    stored = cache.get_many("extract", list(keys.values())) if cache is not None and keys else {}
+    stored = cache.get_many(EXTRACT, list(keys.values())) if cache is not None and keys else {}
     texts = [p for p in todo if not files[p].extracted]
     batches = [texts[i : i + TEXT_BATCH] for i in range(0, len(texts), TEXT_BATCH)] + [[p] for p in todo if files[p].extracted]
     limits = (settings.extract_seconds, settings.extract_memory_mb, settings.extract_expanded_mb)
@@ -344,7 +344,7 @@ def document_chunks(
     def keep(job, results: list[DocumentChunks]) -> None:
         fresh = [(item[-1], _dump(r.fresh)) for item, r in zip(job[0], results, strict=True) if r.fresh is not None]
         if cache is not None and fresh:
-            cache.put_many("extract", fresh)
+            cache.put_many(EXTRACT, fresh)
 
     def lost(job, why: str) -> list[DocumentChunks]:
         return [DocumentChunks(failure=why) for _ in job[0]]

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import nlp
-from ..cache import Cache
+from ..cache import DECOMPOSE, Cache
 from ..engines.base import ChunkInput, Engine, Failure, Unit
 from ..executor import Executor
 from ..files import json_digest
@@ -98,7 +98,7 @@ def decompose_chunks(
     stats = engine.stats.task("decompose")
     stats.cache_hits += len(known)
     pending = [(c, k, n) for c, k, n in zip(inputs, keys, names, strict=True) if n not in known]
-    cached = cache.get_many("decompose", [k for _, k, _ in pending])
+    cached = cache.get_many(DECOMPOSE, [k for _, k, _ in pending])
     work: list[tuple[str, str, ChunkInput | None, list[Unit] | None]] = []  # (name, chunk id, chunk, units)
     failures: dict[str, str] = {}
     todo: list[tuple[ChunkInput, str, str]] = []
@@ -126,7 +126,7 @@ def decompose_chunks(
                 failures[chunk_id] = outcome.reason
             else:
                 fresh.append((key_of[name], _dump_units(outcome)))
-        cache.put_many("decompose", fresh)
+        cache.put_many(DECOMPOSE, fresh)
         if progress and any(item[2] is not None for item in batch):
             progress(sum(item[2] is not None for item in batch))
 
@@ -165,7 +165,7 @@ def _decompose_here(engine: Engine, todo: list[tuple[ChunkInput, str, str]], cac
                 continue
             work.append((name, chunk.chunk_id, None, result))
             fresh.append((key, _dump_units(result)))
-        cache.put_many("decompose", fresh)
+        cache.put_many(DECOMPOSE, fresh)
     return work
 
 
@@ -176,7 +176,7 @@ def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:
     if engine.pure_decompose is None:
         return 0
     pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
-    return cache.delete_many("decompose", {cache_key(engine.identity, title, text) for title, text in pairs})
+    return cache.delete_many(DECOMPOSE, {cache_key(engine.identity, title, text) for title, text in pairs})
 
 
 def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from ..cache import EMBEDDING
 from ..config import Config, EmbeddingConfig
 from ..embeddings import Embedder
 from ..engines import engine_class
@@ -107,7 +108,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
     if config.embedding.backend == "litellm":
         embedder = Embedder(config.embedding, cache)
         keys = [embedder.cache_key(text) for text in embedded]
-        cached = cache.get_many("embedding", keys) if cache is not None else {}
+        cached = cache.get_many(EMBEDDING, keys) if cache is not None else {}
         texts = [text for text, key in zip(embedded, keys, strict=True) if key not in cached]
         tokens = int(sum(count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
         batch = config.embedding.batch_size

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import readers
-from ..cache import Cache
+from ..cache import SCAN, Cache
 from ..config import ChunkConfig
 from ..errors import InputError
 
@@ -295,7 +295,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
             except OSError:
                 info, key = None, ""  # read below, which says why it cannot be
             pending.append((relative, absolute, kind, hashed, limit, info, key))
-    known = memory.get_many("scan", [p[-1] for p in pending if p[-1]]) if memory is not None and pending else {}
+    known = memory.get_many(SCAN, [p[-1] for p in pending if p[-1]]) if memory is not None and pending else {}
     reported = 0
     for count, (relative, absolute, kind, hashed, limit, info, key) in enumerate(pending, 1):
         if key in known:
@@ -323,7 +323,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
 def remember(memory: Cache, files: list[ScannedFile]) -> None:
     """Write the "scan" entries of the files this scan read, so that the next scan need not. An
     entry says only what a file held when it looked so, true whatever becomes of the run."""
-    memory.put_many("scan", [(f.remember_key, f.content_hash.encode()) for f in files if f.remember_key])
+    memory.put_many(SCAN, [(f.remember_key, f.content_hash.encode()) for f in files if f.remember_key])
 
 
 def keep_last_content(files: list[ScannedFile], indexed: dict[str, str]) -> list[ScannedFile]:

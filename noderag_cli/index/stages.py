@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import ivf
+from ..cache import SCAN
 from ..config import Config
 from ..embeddings import Embedder
 from ..engines.base import Engine
@@ -177,7 +178,7 @@ def _chunk(run: StageRun) -> dict:
     previous = chunk.previous_chunks(*last, run.files, settings.chunk_tokens, settings.overlap_tokens,
                                      chunk.reader_identities(run.files))
     documents, chunks, counts = chunk.run(run.files, settings, previous, run.executor, run.ws.cache)
-    run.ws.cache.touch("scan", [f.scan_key for f in run.files if f.scan_key])  # kept by `noderag gc`
+    run.ws.cache.touch(SCAN, [f.scan_key for f in run.files if f.scan_key])  # kept by `noderag gc`
     run.write("documents.parquet", documents)
     run.write("chunks.parquet", chunks)
     failed = documents.filter(pc.equal(documents["status"], "failed"))

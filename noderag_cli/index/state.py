@@ -13,10 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..cache import Cache
+from ..cache import DECOMPOSE, LLM, Cache
 from ..config import Config
 from ..engines.identity import identity
-from ..engines.llm import CACHE_NS as LLM_NS
 from ..workspace import CACHE_KEYS, FORMAT_VERSION, Workspace
 from . import assemble
 from .decompose import cache_key, input_key, input_name
@@ -99,7 +98,7 @@ class Manifest:
         """What the cache holds now, as the run or gc that wrote it leaves it: only an outside hand
         makes it hold less before the next one (`cache_loss`)."""
         counts = cache.counts()
-        self.cache = {"entries": sum(counts.values()), "paid_replies": counts.get(LLM_NS, 0)}
+        self.cache = {"entries": sum(counts.values()), "paid_replies": counts.get(LLM, 0)}
 
     def entry(self, stage: str) -> StageEntry | None:
         return self.stages.get(stage)
@@ -148,7 +147,7 @@ def decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[
     if not chunks:
         return set()
     keys = [cache_key(identity(config.llm), title, text) for _, title, text in chunks]
-    found = cache.get_many("decompose", keys) if cache is not None else {}
+    found = cache.get_many(DECOMPOSE, keys) if cache is not None else {}
     rows = ws.stage_path("decompose", "occurrences.parquet")
     kept: set[str] = set()
     if rows.is_file() and len(found) < len(keys):
@@ -247,7 +246,7 @@ def live_cache_keys(ws: Workspace, manifest: Manifest) -> tuple[list[tuple[str, 
     occurrences = ws.stage_path("decompose", "occurrences.parquet")
     if occurrences.is_file():
         names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
-        live.update(("decompose", input_key(name)) for name in names)
+        live.update((DECOMPOSE, input_key(name)) for name in names)
     return sorted(live), None
 
 
@@ -260,7 +259,7 @@ def cache_loss(ws: Workspace, manifest: Manifest) -> tuple[str, int] | None:
         return None
     cache = ws.read_only_cache()
     counts = cache.counts() if cache is not None else {}
-    entries, paid = sum(counts.values()), counts.get(LLM_NS, 0)
+    entries, paid = sum(counts.values()), counts.get(LLM, 0)
     if paid >= recorded.get("paid_replies", 0) and entries:  # a run drops entries of its own (checkpoints), never all
         return None
     lost_paid = max(recorded.get("paid_replies", 0) - paid, 0)
