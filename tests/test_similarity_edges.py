@@ -83,3 +83,23 @@ def test_scores_do_not_depend_on_the_block(corpus):
     for rows in (np.array([7]), np.array([3, 200]), np.arange(0, len(vectors), 9)):
         assert np.array_equal(se.scores_against(grid, rows), full[rows])
     assert np.array_equal(full, full.T)
+
+
+def test_pruning_from_a_start_gives_the_flags_of_pruning_whole():
+    """A row's kept flags before its first changed position are taken as they were and only the
+    rest decided: the same flags as deciding every one (the maintained lists rely on it)."""
+    from noderag_cli import ivf
+
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((3000, 24)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = np.asarray([f"S_{i:05d}" for i in range(len(vectors))], dtype=object)
+    lists = se.neighbour_lists(keys, vectors, 16)
+    candidates, scores = lists.candidates[:, :16], lists.scores[:, :16]
+    grid = ivf.quantised(vectors)
+    whole = se.prune(grid, candidates, scores)
+    assert np.array_equal(whole, lists.kept) and whole.any() and not whole.all()
+    start = rng.integers(0, 17, len(vectors))
+    stale = whole ^ (rng.random(whole.shape) < 0.3)  # flags at and after the start are not read
+    stale[np.arange(16) < start[:, None]] = whole[np.arange(16) < start[:, None]]
+    assert np.array_equal(se.prune(grid, candidates, scores, start, stale), whole)

@@ -115,27 +115,40 @@ def select(r: np.ndarray, c: np.ndarray, values: np.ndarray, n_rows: int, k: int
     return out_cols, out_scores
 
 
-def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray, start: np.ndarray | None = None,
+          kept: np.ndarray | None = None) -> np.ndarray:
     """HNSW's heuristic on each row's candidate list (best first): a candidate is kept unless a
-    kept, better candidate is more similar to it than the row's node is."""
+    kept, better candidate is more similar to it than the row's node is. With `start` (per row) and
+    `kept`, a row's flags before its start are taken from `kept` and only the rest decided: each
+    flag depends on the candidates before it only, so the result is the same as deciding them all,
+    for the part of the gram matrices from the start on."""
     n, k = candidates.shape
+    order = np.argsort(start, kind="stable") if start is not None else np.arange(n)  # like starts together
+    first = start[order] if start is not None else np.zeros(n, np.int64)
+    given = kept[order] & (np.arange(k) < first[:, None]) if kept is not None else np.zeros((n, k), bool)
 
-    def block(start: int) -> np.ndarray:
-        cand = candidates[start : start + ROW_BLOCK]
-        score = scores[start : start + ROW_BLOCK] * np.float32(QUANT**2)
-        gram = np.empty((len(cand), k, k), np.float32)
+    def block(begin: int) -> np.ndarray:
+        rows = order[begin : begin + ROW_BLOCK]
+        cand = candidates[rows]
+        score = scores[rows] * np.float32(QUANT**2)
+        from_ = first[begin : begin + ROW_BLOCK]
+        gram = np.empty((len(cand), k, k), np.float32)  # rows of it before a row's start are never read
         for part in range(0, len(cand), PRUNE_BLOCK):  # gathered in small blocks, which stay in cache
             vectors = grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)]
-            np.matmul(vectors, vectors.transpose(0, 2, 1), out=gram[part : part + len(vectors)])
+            low = int(from_[part : part + PRUNE_BLOCK].min())
+            np.matmul(vectors[:, low:], vectors.transpose(0, 2, 1), out=gram[part : part + len(vectors), low:])
         valid = cand >= 0
-        out = np.zeros(cand.shape, bool)
-        for j in range(k):
+        out = given[begin : begin + ROW_BLOCK].copy()
+        for j in range(int(from_.min()) if len(from_) else k, k):
             blocked = (out[:, :j] & (gram[:, j, :j] > score[:, j : j + 1])).any(axis=1)
-            out[:, j] = valid[:, j] & ~blocked
+            out[:, j] = np.where(from_ <= j, valid[:, j] & ~blocked, out[:, j])
         return out
 
     blocks = in_parallel(block, list(range(0, n, ROW_BLOCK)))
-    return np.concatenate(blocks) if blocks else np.zeros((0, k), bool)
+    out = np.empty((n, k), bool)
+    if blocks:
+        out[order] = np.concatenate(blocks)
+    return out
 
 
 def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.Table | None = None) -> Neighbours:
@@ -187,7 +200,7 @@ class _Lists:
     scores: np.ndarray
     kept: np.ndarray
     reused: np.ndarray  # rows taken from the earlier run
-    shifted: np.ndarray  # reused rows that lost one of their first k
+    lost_at: np.ndarray  # per reused row, the first of its first k positions whose candidate was deleted (k: none)
     is_new: np.ndarray  # rows the earlier run did not have
     before: np.ndarray  # the first k of each row as taken in
 
@@ -197,12 +210,13 @@ class _Lists:
         candidates = np.full((n, width), -1, np.int64)
         scores = np.full((n, width), -np.inf, np.float32)
         kept = np.zeros((n, width), bool)
-        reused = shifted = is_new = np.zeros(n, bool)
+        reused = is_new = np.zeros(n, bool)
+        lost_at = np.full(n, k, np.int64)
         if previous is not None and previous.num_rows and n > k:
-            reused, shifted = _take_previous(previous, ids, k, candidates, scores, kept)
+            reused, lost_at = _take_previous(previous, ids, k, candidates, scores, kept)
             is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
                 zero_copy_only=False)
-        return cls(k, candidates, scores, kept, reused, shifted, is_new, candidates[:, :k].copy())
+        return cls(k, candidates, scores, kept, reused, lost_at, is_new, candidates[:, :k].copy())
 
     def last(self, old: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row (of n), the score and column of the last entry of a reused row's list: a new
@@ -215,11 +229,15 @@ class _Lists:
         return last_score, last_col
 
     def pruned(self, grid: np.ndarray, searched: int, centroids: np.ndarray | None = None) -> Neighbours:
-        """The lists with the heuristic rerun on the rows whose first k changed."""
+        """The lists with the heuristic rerun on the rows whose first k changed, from the first
+        position that changed: the flags before it depend only on the candidates before it."""
         k = self.k
         kept = self.kept[:, :k]
-        redo = np.flatnonzero(~self.reused | self.shifted | (self.candidates[:, :k] != self.before).any(axis=1))
-        kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k])
+        changed = self.candidates[:, :k] != self.before
+        first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
+        start = np.where(self.reused, np.minimum(first, self.lost_at), 0)
+        redo = np.flatnonzero(start < k)
+        kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
         return Neighbours(self.candidates, self.scores, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
 
@@ -393,7 +411,8 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
 
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):
     """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
-    order, deleted ones dropped. Returns (reused rows, reused rows that lost one of their first k)."""
+    order, deleted ones dropped. Returns (reused rows, per row the first of its first k positions
+    whose candidate was deleted, k where none was)."""
     n = len(ids)
     at = pc.index_in(previous["id"], value_set=pa.array(ids, pa.string()))
     row, present = pc.fill_null(at, 0).to_numpy().astype(np.int64), pc.is_valid(at).to_numpy(zero_copy_only=False)
@@ -414,11 +433,13 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scor
     candidates[target, slot] = flat_rows[take]
     scores[target, slot] = flat("scores")[take]
     kept[target, slot] = flat("kept")[take]
-    lost_early = np.bincount(owner[~exists & (position < k)], minlength=len(row)) > 0
-    reused, shifted = np.zeros(n, bool), np.zeros(n, bool)
+    early = ~exists & (position < k)
+    lost_early = np.full(len(row), k, np.int64)
+    np.minimum.at(lost_early, owner[early], position[early])
+    reused, lost_at = np.zeros(n, bool), np.full(n, k, np.int64)
     reused[row[usable]] = True
-    shifted[row[usable & lost_early]] = True
-    return reused, shifted
+    lost_at[row[usable]] = lost_early[usable]
+    return reused, lost_at
 
 
 def _merge_new(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], old: np.ndarray, candidates, scores) -> None:
