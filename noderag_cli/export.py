@@ -26,12 +26,12 @@ from .errors import InputError
 from .files import write_output
 from .generation import Generation
 from .index.chunk import place_of
+from .node_types import TYPES
 from .search.results import place_label
 
 FORMATS = ("graphml", "csv")
 
-TYPE_LABELS = {"T": "Text", "S": "SemanticUnit", "N": "Entity", "R": "Relationship", "A": "Attribute",
-               "H": "HighLevelElement", "O": "HighLevelOverview"}
+TYPE_LABELS = {t.letter: t.label for t in TYPES}
 """The node types by the paper's names: the CSV's `:LABEL` (GraphML keeps the letter in `type`)."""
 
 NODE_KEYS = (("type", "string"), ("label", "string"), ("name", "string"), ("text", "string"),

@@ -19,13 +19,12 @@ import re
 from pathlib import Path
 
 from .files import write_output
+from .node_types import BY_LETTER, CODE_ORDER
 from .search import paths
 from .search.results import Retrieval, RetrievedNode
 
-TYPE_COLOURS = {"T": "#7f7f7f", "S": "#1f77b4", "A": "#2ca02c", "H": "#9467bd", "R": "#ff7f0e", "N": "#d62728",
-                "O": "#8c564b"}
-TYPE_NAMES = {"T": "text chunk", "S": "semantic unit", "A": "attribute", "H": "high-level element", "R": "relationship",
-              "N": "entity", "O": "overview"}
+TYPE_COLOURS = {t: BY_LETTER[t].colour for t in CODE_ORDER}  # in the legend's order
+TYPE_NAMES = {t: BY_LETTER[t].name for t in CODE_ORDER}
 COLUMN_WIDTH, ROW_HEIGHT, LEFT, TOP, LABEL_CHARS = 250, 26, 30, 40, 30
 QUESTION = "question"
 _BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")

@@ -35,6 +35,7 @@ from ..engines.base import CommunityInput, Failure
 from ..files import atomic_write_bytes, json_digest, parquet_bytes
 from ..graph import row_entries
 from ..index.communities import leiden_labels
+from ..node_types import COMMUNITY_CONTENT_TYPES
 from ..search.results import RetrievedNode
 from ..workspace import Workspace
 
@@ -234,7 +235,7 @@ def graphrag(setup) -> Hierarchy:
                 next_label += int(parts.max())
         labels.append(_labels_in_order(below))
     degree = np.asarray(structure.sum(axis=1)).ravel()
-    content = np.isin(types[base], ["S", "A"])
+    content = np.isin(types[base], COMMUNITY_CONTENT_TYPES)
     order = np.lexsort((base, -degree, types[base] != "A"))  # attributes first, then best connected
     texts, tokens = retriever.build.texts, retriever.build.tokens
     groups, level, members_of = [], [], []

@@ -25,6 +25,7 @@ from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Element, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id, row_entries
+from ..node_types import COMMUNITY_CONTENT_TYPES
 from . import summaries
 from .anchor import SEMANTIC_CENTROIDS, Anchor, centroids_table, summaries_table, text_hash
 
@@ -148,7 +149,7 @@ def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_
     """(community, the nodes its request shows) for every community with at least two S or A nodes
     within `max_tokens`: attributes first, then best-connected units, so the community's core fits
     the budget. `tokens` per node of the graph."""
-    content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
+    content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
     degree = graph.degree
     members: dict[int, list[int]] = defaultdict(list)
     for i in content.tolist():
@@ -179,7 +180,7 @@ def run(
         leiden(graph, seed, resolution)
     texts = nodes["text"].to_pylist()
     chunk_ids = nodes["chunk_ids"].to_pylist()
-    content = np.flatnonzero(np.isin(graph.types, ["S", "A"]))
+    content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
     all_tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, shown, counts = [], [], []
     for community, picked in shown_members(graph, membership, all_tokens, max_tokens):

@@ -16,7 +16,7 @@ from .. import ivf
 from ..errors import WorkspaceError
 from ..generation import Generation
 from ..graph import Graph
-from ..node_types import TYPE_CODE, TYPE_LETTERS
+from ..node_types import NODE_TYPES, TYPE_CODE, TYPE_LETTERS
 from .entry import NameIndex
 from .ppr import WalkMatrix
 from .prepare import VERSION as PREPARED_VERSION
@@ -102,7 +102,7 @@ class Build:
 
     @functools.cached_property
     def rows_by_type(self) -> dict[str, np.ndarray]:
-        return {t: np.flatnonzero(self.type_codes == TYPE_CODE[t]) for t in "TSNRAHO"}
+        return {t: np.flatnonzero(self.type_codes == TYPE_CODE[t]) for t in NODE_TYPES}
 
     @property
     def sentence_keys(self) -> tuple[np.ndarray, np.ndarray]:

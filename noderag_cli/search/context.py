@@ -24,10 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..nlp import VALUE_BITS
-from ..node_types import TYPE_CODE
+from ..node_types import RESTATING_CODES, TYPE_CODE
 
-TYPE_ORDER = ("H", "A", "S", "R", "T")
-SUMMARY_CODES = frozenset(TYPE_CODE[t] for t in ("H", "A", "R"))
 WHOLE_CHUNK_RATIO = 3
 """A chunk is shown whole in place of its units (`whole_chunks`) when it costs at most this many
 times what they do: a long chunk would spend the budget of several documents on one."""
@@ -257,7 +255,7 @@ def _funds(held: dict[int, float], codes: np.ndarray, tokens: np.ndarray, unit_c
     """The rows to drop to free `need` tokens for `chunk` (`whole_chunks`): the least H, A and R rows,
     then the least units of other chunks that keep another unit; None when they do not free enough."""
     unit_code = TYPE_CODE["S"]
-    summaries = sorted((r for r in held if codes[r] in SUMMARY_CODES), key=lambda r: (held[r], -r))
+    summaries = sorted((r for r in held if codes[r] in RESTATING_CODES), key=lambda r: (held[r], -r))
     per_chunk: dict[int, int] = {}
     for row in held:
         if codes[row] == unit_code:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..node_types import CHUNK, ENTITY, OVERVIEW, RELATION, UNIT
+from ..node_types import CHUNK, ENTITY, MAX_RETRIEVABLE_CODE, OVERVIEW, RELATION, UNIT
+
+RETRIEVABLE = MAX_RETRIEVABLE_CODE + 1  # types with a quota of cross nodes, by code
 
 
 @numba.njit(cache=True)
@@ -155,7 +157,7 @@ def select_walk(support, mass, entries, start, alpha, codes, similarity, relatio
     for i in range(n):
         code = codes[i]
         if is_entry[i]:
-            if code <= RELATION:
+            if code <= MAX_RETRIEVABLE_CODE:
                 chosen[i] = True
             elif code == ENTITY or code == OVERVIEW:
                 leaders[count] = i
@@ -170,12 +172,12 @@ def select_walk(support, mass, entries, start, alpha, codes, similarity, relatio
         for j in range(leads_indptr[node], leads_indptr[node + 1]):
             chosen[np.searchsorted(support, leads_indices[j])] = True  # reached from mass: in the support
     width = max(quotas.max(), 1)
-    best_at, best = np.empty((5, width), np.int64), np.empty((5, width))
-    sizes = np.zeros(5, np.int64)
+    best_at, best = np.empty((RETRIEVABLE, width), np.int64), np.empty((RETRIEVABLE, width))
+    sizes = np.zeros(RETRIEVABLE, np.int64)
     score = np.zeros(n)
     for i in range(n):
         code = codes[i]
-        if code > RELATION:
+        if code > MAX_RETRIEVABLE_CODE:
             continue
         value = np.sqrt(walk[i]) * (relation_similarity if code == RELATION else similarity[i])
         if code == CHUNK:
@@ -183,7 +185,7 @@ def select_walk(support, mass, entries, start, alpha, codes, similarity, relatio
         score[i] = value
         if not is_entry[i] and value > 0 and quotas[code] > 0:
             sizes[code] = _offer(best_at[code], best[code], sizes[code], quotas[code], i, value)
-    for code in range(5):
+    for code in range(RETRIEVABLE):
         for k in range(sizes[code]):
             chosen[best_at[code, k]] = True
     positions = np.flatnonzero(chosen)
@@ -373,7 +375,7 @@ def warm_up() -> None:
     support, mass = ppr_paper(indptr, indices, np.ones(2, np.uint8), np.ones(2), np.array([0], np.int64), np.ones(1),
                               0.5, 1, np.zeros(2), 0.0)
     select_walk(support, mass, np.array([0], np.int64), np.ones(1), 0.5, np.array([UNIT, ENTITY], np.int8),
-                np.zeros(len(support)), 0.0, indptr, indices, np.ones(5, np.int64), 1, 0.3)
+                np.zeros(len(support)), 0.0, indptr, indices, np.ones(RETRIEVABLE, np.int64), 1, 0.3)
     int8_scores(np.ones((2, 4), np.int8), np.array([1], np.int64), np.ones(4, np.int32), np.empty(1, np.float32))
     fit_budget(np.array([0, 1], np.int64), np.ones(2), np.ones(2, np.int32), 10, np.array([0, 1, 1], np.int32),
                np.array([0], np.int32), np.zeros(1, np.bool_), np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32),

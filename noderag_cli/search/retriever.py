@@ -26,7 +26,7 @@ from ..engines.base import Engine
 from ..generation import Generation, damaged, repair_hint
 from ..graph import row_entries
 from ..index.chunk import place_of
-from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
+from ..node_types import CONTEXT_ORDER, MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import QueryError, context, paths, rounds, steps
 from .build import Build
 from .ppr import WalkMatrix, shallow_ppr
@@ -39,8 +39,8 @@ from .vectors import QuestionCosines
 
 MAX_QUESTION_CHARS = 20_000
 MAX_PLACES = 10  # places shown per node (a community summary can come from hundreds of chunks)
-CONTEXT_RANK = np.array([context.TYPE_ORDER.index(t) if t in context.TYPE_ORDER else len(context.TYPE_ORDER)
-                         for t in TYPE_CODE], dtype=np.int8)  # by type code
+CONTEXT_RANK = np.array([CONTEXT_ORDER.index(t) if t in CONTEXT_ORDER else len(CONTEXT_ORDER) for t in TYPE_CODE],
+                        dtype=np.int8)  # by type code
 
 
 def _load_kernels() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import SearchConfig
 from ..graph import row_entries
-from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE
+from ..node_types import MAX_RETRIEVABLE_CODE, QUOTA_SETTINGS, TYPE_CODE
 from . import context, rounds
 from .build import Build
 from .ppr import WalkMatrix, shallow_ppr
@@ -83,7 +83,7 @@ class CompiledSteps:
 
     def select_walk(self, support, mass, entries, start, params: SearchConfig, codes, similarity,
                     relation_similarity) -> tuple[np.ndarray, np.ndarray]:
-        quotas = np.array([params.cross_t, params.cross_s, params.cross_a, params.cross_h, params.cross_r], np.int64)
+        quotas = np.array([getattr(params, setting) for setting in QUOTA_SETTINGS], np.int64)  # by type code
         return self.kernels.select_walk(support, mass, entries, start, params.ppr_alpha, codes, similarity,
                                         relation_similarity, self.build.leads_indptr, self.build.leads_indices,
                                         quotas, params.cross_a, params.chunk_weight)
