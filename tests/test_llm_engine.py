@@ -47,9 +47,10 @@ def _need_litellm():
 
 
 _need_litellm()
+from noderag_cli.cache import LLM as CACHE_NS  # noqa: E402
 from noderag_cli.embeddings import Embedder  # noqa: E402
 from noderag_cli.engines.litellm_import import load_litellm  # noqa: E402
-from noderag_cli.engines.llm import CACHE_NS, EngineError, LiteLLMEngine  # noqa: E402
+from noderag_cli.engines.llm import EngineError, LiteLLMEngine  # noqa: E402
 from noderag_cli.engines.pricing import (  # noqa: E402
     count_tokens,
     estimate_cost,

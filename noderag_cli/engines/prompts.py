@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .base import AttributeInput, ChunkInput, CommunityInput, Element, Unit
-
-TASKS = ("decompose", "attributes", "community_elements", "query_entities", "answer", "passage")
-"""Task names, as used in `EngineStats.by_task` and in cache keys."""
-
-IDENTITY_TASKS = TASKS[:5]
-"""The tasks whose prompts make up the engine's identity (`PromptSet.digest`). `passage` (HyDE's,
-for `noderag ablate`) shapes no table, and its replies are keyed by their whole request anyway."""
 
 
 # --------------------------------------------------------------------------- schemas
@@ -249,29 +242,45 @@ def _bullets(texts: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class TaskSpec:
+    """One LLM task, declared once: its reply schema, prompts, the variables of its user message,
+    a sample input (to check a user's prompt file), and how a validated reply becomes the result an
+    `Engine` method returns per item. Grounding the result in its input: grounding.py."""
+
     name: str
     schema: type[BaseModel]
     system: str
     user: str  # the user message: a str.format template over `variables`
-    variables: Any  # callable(input) -> {name: text}
+    variables: Callable[[Any], dict[str, str]]
+    sample: Any
+    result: Callable[[Any], Any]
+    identity: bool = True  # its prompts are part of the engine's identity (`PromptSet.digest`)
 
 
-SPECS: dict[str, TaskSpec] = {
-    "decompose": TaskSpec("decompose", Decomposition, DECOMPOSE_SYSTEM, "Title: {title}\n\nText:\n{text}",
-                          lambda c: {"title": c.title, "text": c.text.strip()}),
-    "attributes": TaskSpec("attributes", AttributeSummary, ATTRIBUTES_SYSTEM,
-                           "Entity: {entity}\n\nStatements about it:\n{statements}",
-                           lambda a: {"entity": a.entity, "statements": _bullets(a.texts)}),
-    "community_elements": TaskSpec("community_elements", CommunitySummary, COMMUNITY_SYSTEM, "Statements:\n{statements}",
-                                   lambda c: {"statements": _bullets(c.texts)}),
-    "query_entities": TaskSpec("query_entities", QueryEntities, QUERY_ENTITIES_SYSTEM, "Question: {question}",
-                               lambda q: {"question": q.strip()}),
-    "answer": TaskSpec("answer", Answer, ANSWER_SYSTEM, "Context:\n{context}\n\nQuestion: {question}\n\n{cite}",
-                       lambda qc: {"context": qc[1].strip(), "question": qc[0].strip(),
-                                   "cite": CITE if qc[1].lstrip().startswith("[1] ") else ""}),
-    "passage": TaskSpec("passage", Passage, PASSAGE_SYSTEM, "Question: {question}", lambda q: {"question": q.strip()}),
-}
+SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec("decompose", Decomposition, DECOMPOSE_SYSTEM, "Title: {title}\n\nText:\n{text}",
+             lambda c: {"title": c.title, "text": c.text.strip()}, ChunkInput("c", "t", "T"),
+             lambda reply: to_units(reply)),
+    TaskSpec("attributes", AttributeSummary, ATTRIBUTES_SYSTEM, "Entity: {entity}\n\nStatements about it:\n{statements}",
+             lambda a: {"entity": a.entity, "statements": _bullets(a.texts)}, AttributeInput("e", ("s",)),
+             lambda reply: reply.summary),
+    TaskSpec("community_elements", CommunitySummary, COMMUNITY_SYSTEM, "Statements:\n{statements}",
+             lambda c: {"statements": _bullets(c.texts)}, CommunityInput(0, ("s",)), lambda reply: to_elements(reply)),
+    TaskSpec("query_entities", QueryEntities, QUERY_ENTITIES_SYSTEM, "Question: {question}",
+             lambda q: {"question": q.strip()}, "q", lambda reply: list(reply.entities)),
+    TaskSpec("answer", Answer, ANSWER_SYSTEM, "Context:\n{context}\n\nQuestion: {question}\n\n{cite}",
+             lambda qc: {"context": qc[1].strip(), "question": qc[0].strip(),
+                         "cite": CITE if qc[1].lstrip().startswith("[1] ") else ""}, ("q", "c"),
+             lambda reply: reply.answer),
+    # HyDE's passage (`noderag ablate`) shapes no table, and its replies are keyed by their whole request
+    TaskSpec("passage", Passage, PASSAGE_SYSTEM, "Question: {question}", lambda q: {"question": q.strip()}, "q",
+             lambda reply: reply.passage, identity=False),
+)}
 """Inputs per task: ChunkInput, AttributeInput, CommunityInput, question str, (question, context)."""
+
+TASKS = tuple(SPECS)
+"""Task names, as used in `EngineStats.by_task` and in cache keys."""
+
+IDENTITY_TASKS = tuple(name for name, spec in SPECS.items() if spec.identity)
 
 
 PROMPTS_VERSION = 1
@@ -352,7 +361,7 @@ def load_prompts(folder: str | Path) -> PromptSet:
         head, marker, tail = text.partition(f"\n{USER_MARKER}\n")
         if not marker:
             raise ValueError(f"prompt file {path} has no line '{USER_MARKER}' before its user message template")
-        wanted = set(SPECS[task].variables(_SAMPLE_INPUTS[task]))
+        wanted = set(SPECS[task].variables(SPECS[task].sample))
         try:
             used = {name for _, name, _, _ in string.Formatter().parse(tail) if name is not None}
         except ValueError as err:
@@ -364,11 +373,6 @@ def load_prompts(folder: str | Path) -> PromptSet:
                              f"{task} has {', '.join(sorted('{' + v + '}' for v in wanted))}")
         system[task], user[task] = head.strip("\n"), tail
     return PromptSet(system, user)
-
-
-_SAMPLE_INPUTS = {"decompose": ChunkInput("c", "t", "T"), "attributes": AttributeInput("e", ("s",)),
-                  "community_elements": CommunityInput(0, ("s",)), "query_entities": "q", "answer": ("q", "c"),
-                  "passage": "q"}
 
 
 def prompt_set(folder: str | None) -> PromptSet:
@@ -616,14 +620,4 @@ def to_elements(reply: CommunitySummary) -> list[Element]:
 
 def result_of(task: str, reply: BaseModel) -> Any:
     """The engine-level result of a validated reply (what `Engine` methods return per item)."""
-    if task == "decompose":
-        return to_units(reply)  # type: ignore[arg-type]
-    if task == "attributes":
-        return reply.summary  # type: ignore[attr-defined]
-    if task == "community_elements":
-        return to_elements(reply)  # type: ignore[arg-type]
-    if task == "query_entities":
-        return list(reply.entities)  # type: ignore[attr-defined]
-    if task == "passage":
-        return reply.passage  # type: ignore[attr-defined]
-    return reply.answer  # type: ignore[attr-defined]
+    return SPECS[task].result(reply)
