@@ -400,6 +400,22 @@ def test_names_the_chunk_does_not_hold_are_dropped_and_counted(server, cache):
 
 
 @pytestmark_llm
+def test_an_attribute_is_grounded_in_its_entity_whatever_the_prompt_template(server, cache, tmp_path):
+    """The entity an attribute summary must name is the item's own, not a line of the rendered user
+    message: a user's template that opens with the statements grounds it the same as the built-in."""
+    folder = tmp_path / "prompts"
+    prompts.write_prompts(folder)
+    system = prompts.SPECS["attributes"].system
+    (folder / "attributes.txt").write_text(f"{system}\n{prompts.USER_MARKER}\n{{statements}}\n\n"
+                                           "Write the summary of {entity}.\n")
+    item = AttributeInput("Vienna", ("The Danube flows through Vienna.", "Vienna lies on the Danube."))
+    own = engine_for(server, cache, prompts=str(folder))  # the good reply names the first name it reads: Danube
+    assert own.attributes([item]) == [""] and own.stats.task("attributes").ungrounded == 1
+    built_in = engine_for(server, cache)  # its message opens with "Entity: Vienna"
+    assert built_in.attributes([item])[0].endswith("of Vienna.") and built_in.stats.task("attributes").ungrounded == 0
+
+
+@pytestmark_llm
 def test_grounding_drops_nothing_from_well_formed_rich_replies(server, cache):
     """The rule's cost on good extractions: every sentence of the sample corpus decomposed by the
     fault server's rich replies (a unit per sentence, its capitalised words as entities)."""

@@ -99,7 +99,7 @@ def example_strings(system: str, schema: type[BaseModel]) -> frozenset[str]:
 
 def echo_of(reply: BaseModel, system: str, source: str) -> str | None:
     """The first string of the reply that repeats the prompt's example or a schema description
-    absent from the input (`source`, the user message), or None."""
+    absent from the input (`source`, the item's own text), or None."""
     examples = example_strings(system, type(reply))
     haystack = folded(source)
     for text in _strings(reply.model_dump(mode="json")):
@@ -110,13 +110,15 @@ def echo_of(reply: BaseModel, system: str, source: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- grounding
-def ground(task: str, result: Any, source: str) -> tuple[Any, int]:
-    """The engine-level result of a reply, without what its input does not support, and how many
-    items (entities, relationships, units, summaries, elements, names) were dropped."""
+def ground(task: str, result: Any, variables: dict[str, str]) -> tuple[Any, int]:
+    """The engine-level result of a reply, without what its input (the item's prompt variables,
+    whatever template the request was written from) does not support, and how many items
+    (entities, relationships, units, summaries, elements, names) were dropped."""
+    source = "\n".join(variables.values())
     if task == "decompose":
         return _ground_units(result, source)
     if task == "attributes":
-        entity = source.partition("\n")[0].removeprefix("Entity:").strip()
+        entity = variables["entity"]
         named = content_words(entity) & content_words(result) or occurs(entity, folded(result))
         return (result, 0) if named else ("", 1)
     if task == "community_elements":

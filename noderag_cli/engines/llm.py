@@ -112,9 +112,22 @@ def remote_batch(job) -> tuple[list, list[tuple[str, bytes]], TaskStats | None, 
 
 
 # --------------------------------------------------------------------------- the engine
+@dataclass(frozen=True)
+class _Request:
+    """One item's request: the messages sent, and the item's own text (its prompt variables), which
+    its reply is grounded in whatever template the user message was written from."""
+
+    messages: list[dict]
+    variables: dict[str, str]
+
+    @property
+    def source(self) -> str:
+        return "\n".join(self.variables.values())
+
+
 @dataclass
 class _Lookup:
-    messages: list[list[dict]]  # each item's request
+    requests: list[_Request]  # each item's
     results: list[Any]  # each item's result, None where still to ask
     todo: dict[str, list[int]]  # key -> the positions of the items with that request
     hits: int  # items the cache answered
@@ -338,17 +351,17 @@ class LiteLLMEngine(Engine):
         """The items' requests, what the cache already holds (counted as hits), and the rest by key
         (an item repeated in the batch rides along with its first copy, also a hit)."""
         stats = self.stats.task(task)
-        messages = [self.prompts.messages(task, item) for item in items]
-        keys = [self.request_key(task, m) for m in messages]
+        requests = [_Request(self.prompts.messages(task, item), prompts.SPECS[task].variables(item)) for item in items]
+        keys = [self.request_key(task, r.messages) for r in requests]
         found = self.cache.get_many(LLM, keys)
-        results: list[Any] = [self._from_cache(task, found.get(key), m) for key, m in zip(keys, messages, strict=True)]
+        results: list[Any] = [self._from_cache(task, found.get(key), r) for key, r in zip(keys, requests, strict=True)]
         todo: dict[str, list[int]] = {}
         for index, key in enumerate(keys):
             if results[index] is None:
                 todo.setdefault(key, []).append(index)
         hits = len(items) - sum(len(rows) for rows in todo.values())
         stats.cache_hits += hits + sum(len(rows) - 1 for rows in todo.values())
-        return _Lookup(messages, results, todo, hits)
+        return _Lookup(requests, results, todo, hits)
 
     def _batch_on_cluster(self, task: str, items: list, lookup: _Lookup, progress: Advance | None) -> list:
         """`_batch` with the uncached requests as tasks on a cluster's workers (`remote_batch`),
@@ -378,10 +391,10 @@ class LiteLLMEngine(Engine):
 
     async def _abatch(self, task: str, lookup: _Lookup, auth: dict, report: Callable[[int], None]) -> list:
         stats = self.stats.task(task)
-        messages, results, todo = lookup.messages, lookup.results, lookup.todo
+        requests, results, todo = lookup.requests, lookup.results, lookup.todo
 
         async def one(key: str, rows: list[int]) -> None:
-            outcome = await self._item(task, messages[rows[0]], key, auth)
+            outcome = await self._item(task, requests[rows[0]], key, auth)
             for row in rows:
                 results[row] = outcome
                 if isinstance(outcome, Failure):
@@ -399,63 +412,64 @@ class LiteLLMEngine(Engine):
             raise
         return results
 
-    def _from_cache(self, task: str, blob: bytes | None, messages: list[dict]) -> Any:
+    def _from_cache(self, task: str, blob: bytes | None, request: _Request) -> Any:
         if blob is None:
             return None
         try:
             reply = prompts.SPECS[task].schema.model_validate(json.loads(blob)["data"])
         except (ValueError, KeyError, TypeError):
             return None  # an entry this version cannot read is simply recomputed
-        return self._result(task, reply, messages)
+        return self._result(task, reply, request)
 
-    def _result(self, task: str, reply: Any, messages: list[dict]) -> Any:
-        """The item's result from a validated reply: grounded in the item's input (the user message)."""
+    def _result(self, task: str, reply: Any, request: _Request) -> Any:
+        """The item's result from a validated reply: grounded in the item's input."""
         result = prompts.result_of(task, reply)
         if not self.config.grounding:
             return result
-        result, dropped = grounding.ground(task, result, messages[1]["content"])
+        result, dropped = grounding.ground(task, result, request.variables)
         self.stats.task(task).ungrounded += dropped
         return result
 
-    def _parse(self, task: str, reply: _Reply, messages: list[dict]) -> Any:
+    def _parse(self, task: str, reply: _Reply, request: _Request) -> Any:
         """A validated reply, or ReplyError: also for one that echoes the prompt's example."""
         parsed = prompts.parse_reply(task, reply.text, reply.cut_off)
-        echo = grounding.echo_of(parsed, messages[0]["content"], messages[1]["content"]) if self.config.grounding \
+        echo = grounding.echo_of(parsed, request.messages[0]["content"], request.source) if self.config.grounding \
             else None
         if echo is not None:
             raise prompts.ReplyError(f"it repeats {echo!r} from the instructions' example, which the input does not "
                                      "hold; extract only from the input")
         return parsed
 
-    async def _item(self, task: str, messages: list[dict], key: str, auth: dict) -> Any:
+    async def _item(self, task: str, request: _Request, key: str, auth: dict) -> Any:
         stats = self.stats.task(task)
+        messages = request.messages
         try:
             first = await self._complete(task, messages, auth, stats)
             try:
-                reply = self._parse(task, first, messages)
+                reply = self._parse(task, first, request)
                 corrected = False
             except prompts.ReplyError as err:
                 if first.cut_off:  # the same request would be cut off again: once more with room to finish
-                    return await self._longer(task, messages, key, auth, first)
+                    return await self._longer(task, request, key, auth, first)
                 retry = [*messages, {"role": "assistant", "content": first.text[:4000]},
                          {"role": "user", "content": prompts.correction_message(str(err))}]
                 second = await self._complete(task, retry, auth, stats)
                 try:
-                    reply = self._parse(task, second, messages)
+                    reply = self._parse(task, second, request)
                 except prompts.ReplyError as err2:
                     return Failure(f"invalid reply: {err2} (after one corrective retry)")
                 first, corrected = second, True
         except _CallFailed as err:
             return Failure(self.transport.safe(str(err)))
-        return await self._keep(task, key, reply, first.text, corrected, messages)
+        return await self._keep(task, key, reply, first.text, corrected, request)
 
-    async def _keep(self, task: str, key: str, reply: Any, text: str, corrected: bool, messages: list[dict]) -> Any:
+    async def _keep(self, task: str, key: str, reply: Any, text: str, corrected: bool, request: _Request) -> Any:
         """Cache a usable reply (as validated, before grounding) and return the item's result."""
         value = json.dumps({"data": reply.model_dump(mode="json"), "reply": text, "corrected": corrected})
         await _CacheWriter.get().put(self.cache, LLM, key, value.encode())
-        return self._result(task, reply, messages)
+        return self._result(task, reply, request)
 
-    async def _longer(self, task: str, messages: list[dict], key: str, auth: dict, cut: _Reply) -> Any:
+    async def _longer(self, task: str, request: _Request, key: str, auth: dict, cut: _Reply) -> Any:
         """A reply cut off at its output limit: asked again once with twice the limit (as far as the
         context window allows); if that is cut off too, a failure that names the setting to change."""
         stats = self.stats.task(task)
@@ -466,8 +480,8 @@ class LiteLLMEngine(Engine):
             return Failure(f"cut off: the reply reached the {cut.max_tokens} output tokens the context window "
                            f"leaves; {advice}")
         try:
-            again = await self._complete(task, messages, auth, stats, min(2 * cut.max_tokens, cut.room))
-            reply = self._parse(task, again, messages)
+            again = await self._complete(task, request.messages, auth, stats, min(2 * cut.max_tokens, cut.room))
+            reply = self._parse(task, again, request)
         except _CallFailed as err:
             return Failure(self.transport.safe(str(err)))
         except prompts.ReplyError as err:
@@ -475,7 +489,7 @@ class LiteLLMEngine(Engine):
                 return Failure(f"cut off: the reply reached the output limit at {cut.max_tokens} tokens and again at "
                                f"{again.max_tokens}; {advice.replace(str(2 * cut.max_tokens), str(2 * again.max_tokens))}")
             return Failure(f"invalid reply: {err} (after a retry with a larger output limit)")
-        return await self._keep(task, key, reply, again.text, False, messages)
+        return await self._keep(task, key, reply, again.text, False, request)
 
     async def _complete(self, task: str, messages: list[dict], auth: dict, stats: TaskStats,
                         max_tokens: int | None = None) -> _Reply:
