@@ -163,7 +163,7 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     grid = quantised(vectors)
     search = np.flatnonzero(~lists.reused)
     old = np.flatnonzero(lists.reused)
-    last_score, last_col = lists.last(old, n)
+    last_score, last_col = lists.last()
     place = np.full(n, -1, np.int64)
     place[old] = np.arange(len(old))
 
@@ -218,9 +218,10 @@ class _Lists:
                 zero_copy_only=False)
         return cls(k, candidates, scores, kept, reused, lost_at, is_new, candidates[:, :k].copy())
 
-    def last(self, old: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per row (of n), the score and column of the last entry of a reused row's list: a new
-        row enters the list when it beats it (score, then column); inf / -1 for other rows."""
+    def last(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the score and column of the last entry of a reused row's list: a new row enters
+        the list when it beats it (score, then column); inf / -1 for other rows."""
+        old, n = np.flatnonzero(self.reused), len(self.reused)
         length = (self.candidates[old] >= 0).sum(axis=1)
         last_score = np.full(n, np.inf, np.float32)
         last_score[old] = self.scores[old, length - 1]
@@ -285,7 +286,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     them, and `previous` (`to_table` of the last run against the same centroids) is maintained as
     `neighbour_lists` maintains the exact lists: rows that keep at least k candidates are reused,
     the new rows of the clusters each of them probes merged in (`_newcomers`); the rest searched."""
-    n, width = len(keys), k + SLACK
+    width = k + SLACK
     grid = quantised(vectors)
     if centroids is None:
         clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
@@ -296,7 +297,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     lists.candidates[search], lists.scores[search] = _clustered_search(grid, clusters, search, width, probes)
     old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
     if len(old) and len(new):
-        last_score, last_col = lists.last(old, n)
+        last_score, last_col = lists.last()
         _merge_new([_newcomers(grid, clusters, probes, old, new, last_score[old], last_col[old])], old,
                    lists.candidates, lists.scores)
     return lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
