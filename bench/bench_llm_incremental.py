@@ -32,11 +32,21 @@ from bench.bench_index import ROOT, prepare, run_index, same_files
 from tests.llm_support.fault_server import FaultServer, _task_of
 
 TASKS = ("decompose", "attributes", "community_elements")
+MODEL = "openai/fault-model"
 
 
-def _requests(server: FaultServer) -> list[tuple[str, str, int]]:
-    """(task, messages, tokens) of every task request the server answered since the last reset."""
-    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True), int(r.usage.get("total_tokens", 0)))
+def _requests(server: FaultServer) -> list[tuple[str, str, int, int, int]]:
+    """(task, messages, tokens as the server bills them, then its prompt and reply tokens as the
+    dry run counts them) of every task request the server answered since the last reset. The
+    server bills words; the dry run's estimate is in litellm's count for the model, so it is
+    compared with the requests counted the same way."""
+    from noderag_cli.engines.pricing import count_tokens, load_litellm
+
+    def reply_tokens(text: str) -> int:
+        return int(load_litellm().token_counter(model=MODEL, text=text)) if text else 0
+
+    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True), int(r.usage.get("total_tokens", 0)),
+             count_tokens(MODEL, r.body["messages"]), reply_tokens(r.reply))
             for r in server.completions() if _task_of(r.body) and r.status == 200]
 
 
@@ -108,7 +118,7 @@ def measure(data: Path, work: Path, graph: dict | None = None, share: float | No
         for mode in ("exact", "incremental"):
             configs[mode] = work / f"llm-{mode}.yaml"
             configs[mode].write_text(yaml.safe_dump({
-                "llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url,
+                "llm": {"engine": "litellm", "model": MODEL, "api_base": server.url,
                         "timeout_seconds": 30, "retries": 2, "concurrency": 8},
                 "index": {"update": mode, **({"resummarize_share": share} if share is not None else {})},
                 **({"graph": graph} if graph else {})}))
@@ -130,14 +140,14 @@ def measure(data: Path, work: Path, graph: dict | None = None, share: float | No
             if runs[name].returncode != 0:
                 return [f"{name} build failed with exit code {runs[name].returncode}"], False
             seen[name] = _requests(server)
-    fresh, base_calls, update = ({(t, m) for t, m, _ in seen[k]} for k in ("fresh", "base", "update"))
+    fresh, base_calls, update = ({(x[0], x[1]) for x in seen[k]} for k in ("fresh", "base", "update"))
     expected = fresh - base_calls
     stale, repeated, missing = update - fresh, update & base_calls, expected - update
     decompose = runs["update"].summary["stages"]["decompose"]
     identical = same_files(work / "llm-fresh", work / "llm-exact")
     duplicates = len(seen["update"]) - len(update)
     ok = not (stale or repeated or missing or duplicates) and identical and \
-        decompose.get("decomposed") == sum(t == "decompose" for t, _, _ in seen["update"])
+        decompose.get("decomposed") == sum(x[0] == "decompose" for x in seen["update"])
 
     def row(label: str, pick) -> str:
         cells = [pick(seen[k]) for k in ("fresh", "base", "update", "incremental")]
@@ -153,15 +163,16 @@ def measure(data: Path, work: Path, graph: dict | None = None, share: float | No
     asked, with_new, new_share = _communities_with_new_texts(work / "llm-fresh", base_texts, budget)
     def estimated(mode: str) -> str:
         estimate = planned[mode]["total"]
-        calls, tokens = len(seen[mode]), sum(x[2] for x in seen[mode])
+        calls, tokens = len(seen[mode]), sum(x[3] + x[4] for x in seen[mode])
         per_task = []
         for task, row in sorted(planned[mode]["tasks"].items()):
             made = [x for x in seen[mode] if x[0] == task]
-            per_task.append(f"{task} {row['calls']:,} / {len(made):,} calls, "
-                            f"{row['input_tokens'] + row['output_tokens']:,} / {sum(x[2] for x in made):,} tokens")
+            per_task.append(f"{task} {row['calls']:,} / {len(made):,} calls, prompt {row['input_tokens']:,} / "
+                            f"{sum(x[3] for x in made):,}, reply {row['output_tokens']:,} / {sum(x[4] for x in made):,} tokens")
         return (f"{estimate['calls']:,} calls and {estimate['input_tokens'] + estimate['output_tokens']:,} tokens; the "
                 f"update made {calls:,} calls (estimate {estimate['calls'] / max(calls, 1):.0%} of them) and "
-                f"{tokens:,} tokens (estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(tokens, 1):.0%}; "
+                f"{tokens:,} tokens counted as the dry run counts them "
+                f"(estimate {(estimate['input_tokens'] + estimate['output_tokens']) / max(tokens, 1):.0%}; "
                 f"estimated / made: {'; '.join(per_task)})")
 
     incremental = runs["incremental"].summary["stages"]
@@ -207,7 +218,7 @@ def measure(data: Path, work: Path, graph: dict | None = None, share: float | No
         f"attribute), which the update must ask whatever the clustering: {with_new} of {asked}, "
         f"{new_share:.1%} of the community texts shown. The update's decompose and attribute requests alone "
         f"(a chunk that changed, an important entity that is new or gained or lost a text) are "
-        f"{sum(t != 'community_elements' for t, _, _ in seen['update']) / len(seen['fresh']):.1%} of the fresh "
+        f"{sum(x[0] != 'community_elements' for x in seen['update']) / len(seen['fresh']):.1%} of the fresh "
         f"build's calls.",
         f"- `index --dry-run` before the exact update estimated {estimated('update')}; before the incremental "
         f"update, {estimated('incremental')}.",

@@ -242,3 +242,29 @@ def test_an_incremental_update_with_an_llm_asks_less_than_an_exact_one(server, t
     again = copy_workspace(base, tmp_path / "again")
     index(again, folder, "--config", config)
     assert build_bytes(again) == build_bytes(tmp_path / "incremental")
+
+
+def test_a_new_node_takes_only_the_room_the_anchors_texts_left():
+    """A community's request shows attributes, then its best-connected units, within its token
+    budget; in an incremental update the texts its kept elements were written from come first, so a
+    new unit with more edges does not push them out (the elements stay kept), and takes the room a
+    unit that left frees."""
+    import numpy as np
+    import pyarrow as pa
+
+    from noderag_cli.graph import Graph
+    from noderag_cli.index.communities import shown_members
+
+    # one community: units S1-S3 (the anchor showed S1 and S2, the budget fits two), S9 new with the most edges
+    ids = ["S1", "S2", "S3", "S9", "N1", "N2", "N3"]
+    nodes = pa.table({"id": ids, "type": [i[0] for i in ids]})
+    edges = pa.table({"source": ["S1", "S2", "S3", "S9", "S9", "S9"], "target": ["N1", "N1", "N2", "N1", "N2", "N3"],
+                      "weight": [1.0] * 6})
+    graph = Graph.from_tables(nodes, edges)
+    membership, tokens = np.zeros(len(ids), np.int64), np.full(len(ids), 10)
+    before = np.isin(np.array(ids), ["S1", "S2"])
+    shown = [ids[i] for i in shown_members(graph, membership, tokens, 20)[0][1]]
+    assert shown[0] == "S9"  # a full build: the best-connected first
+    assert [ids[i] for i in shown_members(graph, membership, tokens, 20, before)[0][1]] == ["S1", "S2"]
+    before = np.isin(np.array(ids), ["S1"])  # S2 changed: the new unit takes its room
+    assert [ids[i] for i in shown_members(graph, membership, tokens, 20, before)[0][1]] == ["S1", "S9"]

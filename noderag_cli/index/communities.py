@@ -145,22 +145,37 @@ def kmeans_labels(vectors: np.ndarray, seed: int, centroids: np.ndarray | None =
     return index.search(vectors, 1)[1].ravel(), centroids
 
 
-def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_tokens: int) -> list[tuple[int, list[int]]]:
+def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_tokens: int,
+                  shown_before: np.ndarray | None = None) -> list[tuple[int, list[int]]]:
     """(community, the nodes its request shows) for every community with at least two S or A nodes
     within `max_tokens`: attributes first, then best-connected units, so the community's core fits
-    the budget. `tokens` per node of the graph."""
+    the budget. `tokens` per node of the graph. With `shown_before` (per node, whether the anchor's
+    request for its community showed its text: an incremental update) those come first, so a new
+    node takes only the room that a node gone or changed left, instead of displacing the texts the
+    kept elements were written from because it has more edges."""
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
     degree = graph.degree
+    before = np.zeros(len(graph.types), bool) if shown_before is None else shown_before
     members: dict[int, list[int]] = defaultdict(list)
     for i in content.tolist():
         members[int(membership[i])].append(i)
     shown = []
     for community in sorted(members):
-        order = sorted(members[community], key=lambda i: (graph.types[i] != "A", -degree[i], graph.ids[i]))
+        order = sorted(members[community],
+                       key=lambda i: (not before[i], graph.types[i] != "A", -degree[i], graph.ids[i]))
         keep = np.cumsum(tokens[order]) <= max_tokens
         kept = [i for i, k in zip(order, keep, strict=True) if k]
         if len(kept) >= 2:
             shown.append((community, kept))
+    return shown
+
+
+def _shown_by_anchor(membership: np.ndarray, texts: list[str], content: np.ndarray, anchor: Anchor) -> np.ndarray:
+    """Per node, whether its text is one its community's anchored elements were written from."""
+    shown = np.zeros(len(texts), bool)
+    for i in content.tolist():
+        summary = anchor.communities.get(int(membership[i]))
+        shown[i] = summary is not None and text_hash(texts[i]) in summary.inputs
     return shown
 
 
@@ -183,7 +198,8 @@ def run(
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
     all_tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, shown, counts = [], [], []
-    for community, picked in shown_members(graph, membership, all_tokens, max_tokens):
+    shown_before = _shown_by_anchor(membership, texts, content, anchor) if anchor else None
+    for community, picked in shown_members(graph, membership, all_tokens, max_tokens, shown_before):
         items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
         shown.append(picked)
         counts.append(all_tokens[picked].tolist())
