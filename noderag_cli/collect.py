@@ -40,7 +40,7 @@ def _size(path: Path) -> int:
 
 def _stray_files(ws: Workspace) -> list[Path]:
     """Temporary files of interrupted writes, and stage files that no stage declares."""
-    declared = {f"{stage.name}.{name}" for stage in STAGES for name in (*stage.outputs, CACHE_KEYS)}
+    declared = {f"{stage.name}.{name}" for stage in STAGES for name in (*stage.files, CACHE_KEYS)}
     stray = [p for p in ws.stages_dir.iterdir() if p.is_file() and p.name not in declared] \
         if ws.stages_dir.is_dir() else []
     for folder in (ws.root, *(p for p in (ws.root / GENERATIONS_DIR).glob("*") if p.is_dir() and not p.is_symlink())):

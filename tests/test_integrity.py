@@ -46,7 +46,7 @@ def small(tmp_path_factory) -> tuple[Path, Path]:
 def _files(ws: Path) -> list[str]:
     """Every kind of file a workspace holds, relative to it: stage outputs, a build's, the rest."""
     generation = "generations/" + (ws / "CURRENT").read_text().strip()
-    kinds = [f"stages/{stage.name}.{name}" for stage in STAGES for name in stage.outputs]
+    kinds = [f"stages/{stage.name}.{name}" for stage in STAGES for name in stage.files]
     kinds += [f"{generation}/{p.name}" for p in sorted((ws / generation).iterdir()) if not p.name.startswith(".")]
     return kinds + ["manifest.json", "CURRENT", "cache.sqlite"]
 

@@ -34,6 +34,7 @@ from ..config import IndexConfig
 from ..errors import WorkspaceError
 from ..generation import Generation
 from ..workspace import Workspace
+from . import outputs
 
 SUMMARIES_SCHEMA = pa.schema([
     ("key", pa.string()),  # the entity's node id, or the community's label
@@ -51,11 +52,9 @@ COMMUNITY_SUMMARIES = "community_summaries"
 ANCHOR_CHUNKS = "anchor_chunks"
 SIMILARITY_CENTROIDS = "similarity_centroids"
 SEMANTIC_CENTROIDS = "semantic_centroids"
-FILES = {ATTRIBUTE_SUMMARIES: ("attributes", "summaries.parquet"),
-         COMMUNITY_SUMMARIES: ("communities", "summaries.parquet"),
-         ANCHOR_CHUNKS: ("attributes", "anchor_chunks.parquet"),
-         SIMILARITY_CENTROIDS: ("similarity", "centroids.parquet"),
-         SEMANTIC_CENTROIDS: ("communities", "centroids.parquet")}
+FILES = {ATTRIBUTE_SUMMARIES: outputs.ATTRIBUTE_SUMMARIES, COMMUNITY_SUMMARIES: outputs.COMMUNITY_SUMMARIES,
+         ANCHOR_CHUNKS: outputs.ANCHOR_CHUNKS, SIMILARITY_CENTROIDS: outputs.SIMILARITY_CENTROIDS,
+         SEMANTIC_CENTROIDS: outputs.SEMANTIC_CENTROIDS}
 VECTOR_SIDE_CENTROIDS = "cluster_centroids"  # the search's own (search/prepare.py), unit length, not a link
 
 

@@ -29,11 +29,12 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, merge_edges
+from ..graph import NODE_COLUMNS, NODE_SCHEMA
 from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
-from ..workspace import EDGES, NODES, Workspace
+from ..workspace import Workspace
 from . import anchor
+from .outputs import ASSIGNMENTS, CHUNKS, DOCUMENTS, EDGE_OUTPUTS, NODE_OUTPUTS, VECTOR_IDS, VECTORS, Reads
 
 
 def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
@@ -55,12 +56,12 @@ def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
 
 
-def final_nodes(ws: Workspace, ids: list[str], node_stages: tuple[str, ...]) -> pa.Table:
+def final_nodes(run: Reads, ids: list[str]) -> pa.Table:
     """The nodes of every stage that makes them, sorted by id, with their documents (through their
     chunks), their community and their row in the vector index."""
-    nodes = pa.concat_tables([ws.read_table(ws.stage_path(s, NODES)) for s in node_stages]).sort_by("id")
-    doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), ws.read_table(ws.stage_path("chunk", "chunks.parquet")))
-    assignments = ws.read_table(ws.stage_path("communities", "assignments.parquet"))
+    nodes = run.nodes(*NODE_OUTPUTS).sort_by("id")
+    doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), run.read(CHUNKS))
+    assignments = run.read(ASSIGNMENTS)
     community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
     columns = {name: nodes[name] for name in NODE_COLUMNS}
     columns["doc_ids"] = doc_ids
@@ -85,36 +86,37 @@ def counts(nodes: pa.Table, edges: pa.Table) -> dict:
 def anchor_counts(ws: Workspace) -> dict:
     """How far this build is from its anchor (anchor.py): the share of the chunks changed since the
     last full build, and the summaries kept although their texts changed since they were written."""
-    chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id"])["chunk_id"]
-    since = ws.read_table(ws.stage_path(*anchor.FILES[anchor.ANCHOR_CHUNKS]))["chunk_id"]
-    stale = {name: int(pc.sum(ws.read_table(ws.stage_path(*anchor.FILES[file]), ["stale"])["stale"]).as_py() or 0)
+    chunks = CHUNKS.read(ws, ["chunk_id"])["chunk_id"]
+    since = anchor.FILES[anchor.ANCHOR_CHUNKS].read(ws)["chunk_id"]
+    stale = {name: int(pc.sum(anchor.FILES[file].read(ws, ["stale"])["stale"]).as_py() or 0)
              for name, file in (("stale_attributes", anchor.ATTRIBUTE_SUMMARIES),
                                 ("stale_communities", anchor.COMMUNITY_SUMMARIES))}
     return {"changed_share": round(anchor.changed_share(since.combine_chunks(), chunks.combine_chunks()), 4), **stale}
 
 
-def run(ws: Workspace, config: Config, embedder: Embedder, node_stages: tuple[str, ...], edge_stages: tuple[str, ...],
-        before_publish: Callable[[], None], centroids: np.ndarray | None = None) -> dict:
+def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable[[], None],
+        centroids: np.ndarray | None = None) -> dict:
     """Write the build of the stages that make nodes and edges as a new generation and make it
     current; then remove the generations and the files of the older layout that no reader holds.
     `centroids`: the search's vector-side clusters an incremental update keeps (anchor.py)."""
-    ids = ws.read_table(ws.stage_path("embed", "ids.parquet"))["id"].to_pylist()
-    vector_file = ws.stage_path("embed", "vectors.faiss")
+    ws = run.ws
+    ids = run.read(VECTOR_IDS)["id"].to_pylist()
+    vector_file = run.input_path(VECTORS)
     vectors = ivf.read_flat(vector_file)
-    documents = ws.read_table(ws.stage_path("chunk", "documents.parquet"))
+    documents = run.read(DOCUMENTS)
     writer = ws.new_generation()
     with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges
-        nodes_job = pool.submit(final_nodes, ws, ids, node_stages)
-        edges = merge_edges([ws.read_table(ws.stage_path(s, EDGES)) for s in edge_stages])
+        nodes_job = pool.submit(final_nodes, run, ids)
+        edges = run.edges(*EDGE_OUTPUTS)
         nodes = nodes_job.result()
         written = [pool.submit(writer.table, "nodes", nodes)]
         writer.table("edges", edges)
         writer.table("documents", documents)
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
-        for name, (stage, file) in anchor.FILES.items():  # what the next incremental update keeps its work against
-            writer.link(f"{name}.parquet", ws.stage_path(stage, file))
+        for name, output in anchor.FILES.items():  # what the next incremental update keeps its work against
+            writer.link(f"{name}.parquet", run.input_path(output))
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
-        chunks = ws.read_table(ws.stage_path("chunk", "chunks.parquet"), ["chunk_id", "doc_id", "start", "end", "location"])
+        chunks = run.read(CHUNKS, ["chunk_id", "doc_id", "start", "end", "location"])
         prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
                            config.search.clustered_from, chunks, centroids)
         for name, array in prepared.arrays.items():

@@ -31,7 +31,8 @@ from ..errors import BadInputError
 from ..executor import Executor
 from ..nlp import count_tokens
 from ..node_types import EMBEDDED_TYPES
-from ..workspace import NODES, Workspace
+from ..workspace import Workspace
+from .outputs import ATTRIBUTE_NODES, COMMUNITY_NODES, DECOMPOSE_NODES
 from .pipeline import run_pipeline
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples
@@ -142,8 +143,8 @@ def _embedded_texts(scratch: Workspace, recorder: _RecordingEngine) -> list[str]
     import pyarrow.parquet as pq
 
     texts = [chunk.text for chunk in recorder.seen["decompose"]]
-    for stage in ("decompose", "attributes", "communities"):
-        path = scratch.stage_path(stage, NODES)
+    for output in (DECOMPOSE_NODES, ATTRIBUTE_NODES, COMMUNITY_NODES):  # the text stage's are the chunks
+        path = output.path(scratch)
         if path.is_file():
             nodes = pq.read_table(path, columns=["type", "text"]).to_pylist()
             texts += [n["text"] for n in nodes if n["type"] in EMBEDDED_TYPES]

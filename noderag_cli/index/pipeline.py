@@ -1,8 +1,8 @@
 """Runs the indexing stages in order, each checkpointed in the manifest.
 
-Each stage is one `Stage` record in `STAGES`: its name, the stages whose outputs it reads, the
-config sections its output depends on, the engine task it spends, its output files and its
-function. A stage is skipped when its fingerprint (its settings, the engine, and the digests of
+Each stage is one `Stage` record in `STAGES`: its name, the files of other stages it reads
+(its inputs, handles from outputs.py; the stages it depends on follow from them), the config
+sections its output depends on, the engine task it spends, its output files and its function. A stage is skipped when its fingerprint (its settings, the engine, and the digests of
 the upstream outputs it reads) matches the last committed run, its outputs are on disk with the
 digest recorded, and it left no failed items (`decide`, which `index --dry-run` asks too);
 otherwise it runs, commits its outputs atomically, and only then is marked done. Since every
@@ -125,7 +125,7 @@ def outputs_digest(ws: Workspace, stage: Stage) -> str | None:
     their recorded checksums."""
     if stage.name == "assemble":
         return assemble.current_contents(ws)
-    paths = [ws.stage_path(stage.name, name) for name in stage.outputs]
+    paths = [output.path(ws) for output in stage.outputs]
     if not all(p.is_file() for p in paths):
         return None
     return json_digest([file_digest(p) for p in paths])
@@ -139,12 +139,12 @@ def damaged_outputs(ws: Workspace, stage: Stage, entry: StageEntry | None) -> li
     if stage.name == "assemble":  # the current build's files, against its own manifest
         with assemble.open_current(ws) as built:
             return [] if built is None else [Path(line.split(": ", 1)[0]) for line in built.verify()]
-    paths = [ws.stage_path(stage.name, name) for name in stage.outputs]
+    paths = [output.path(ws) for output in stage.outputs]
     recorded = entry.files
     if recorded is None:
         return [] if outputs_digest(ws, stage) == entry.outputs else paths
-    return [p for p, name in zip(paths, stage.outputs, strict=True)
-            if not p.is_file() or file_digest(p) != recorded.get(name)]
+    return [p for p, output in zip(paths, stage.outputs, strict=True)
+            if not p.is_file() or file_digest(p) != recorded.get(output.file)]
 
 
 @dataclass
@@ -302,7 +302,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
-        recorded = {name: file_digest(ws.stage_path(stage.name, name)) for name in stage.outputs}
+        recorded = {output.file: file_digest(output.path(ws)) for output in stage.outputs}
         digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
         digests[stage.name] = digest
         kill_point(stage.name, "commit")

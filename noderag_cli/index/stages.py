@@ -1,6 +1,7 @@
 """The indexing stages, declared once: each is one `Stage` record in `STAGES` (its name, the
-stages whose outputs it reads, the config sections its output depends on, the engine task it
-spends, its output files and its function), and its function, which gets a `StageRun`.
+files of earlier stages it reads, the config sections its output depends on, the engine task it
+spends, its output files, all as handles from outputs.py, and its function), and its function,
+which gets a `StageRun`: it reads only the inputs its stage declares.
 
 Test hook (documented here because it is not a feature): when the environment variable
 `NODERAG_TEST_KILL_AT` is `<stage>:start`, `<stage>:<n>`, `<stage>:commit` or `assemble:publish`,
@@ -37,6 +38,37 @@ from ..graph import edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import EDGES, NODES, Workspace
 from . import anchor, assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
+from .outputs import (
+    ANCHOR_CHUNKS,
+    ASSIGNMENTS,
+    ATTRIBUTE_EDGES,
+    ATTRIBUTE_FAILURES,
+    ATTRIBUTE_NODES,
+    ATTRIBUTE_SUMMARIES,
+    CHUNKS,
+    COMMUNITY_EDGES,
+    COMMUNITY_FAILURES,
+    COMMUNITY_NODES,
+    COMMUNITY_SUMMARIES,
+    DECOMPOSE_EDGES,
+    DECOMPOSE_FAILURES,
+    DECOMPOSE_NODES,
+    DOCUMENTS,
+    EDGE_OUTPUTS,
+    FAILURES,
+    LINKS,
+    NEIGHBOURS,
+    NODE_OUTPUTS,
+    OCCURRENCES,
+    SEMANTIC_CENTROIDS,
+    SIMILARITY_CENTROIDS,
+    SIMILARITY_EDGES,
+    TEXT_EDGES,
+    TEXT_NODES,
+    VECTOR_IDS,
+    VECTORS,
+    Output,
+)
 
 KILL_ENV = "NODERAG_TEST_KILL_AT"
 
@@ -72,15 +104,23 @@ class StageRun:
     def load_anchor(self) -> tuple[anchor.Anchor | None, str]:
         """The anchor an anchored stage keeps its work against, or None and why it builds in full
         (`anchor.load`)."""
-        chunk_ids = self.read("chunk", "chunks.parquet", ["chunk_id"])["chunk_id"].combine_chunks()
+        chunk_ids = self.read(CHUNKS, ["chunk_id"])["chunk_id"].combine_chunks()
         return anchor.load(self.anchor_from or self.ws, self.config.index, chunk_ids, self.rebuild)
 
-    def read(self, stage: str, name: str, columns: list[str] | None = None) -> pa.Table:
-        return self.ws.read_table(self.ws.stage_path(stage, name), columns)
+    def input_path(self, output: Output) -> Path:
+        """The file of an output this stage declared as an input; UndeclaredInput otherwise: a read
+        the reuse check does not watch would let the stage's result go stale silently."""
+        if output not in self.stage.inputs:
+            raise UndeclaredInput(f"stage {self.stage.name} reads {output.stage}.{output.file}, which is not among "
+                                  "its declared inputs (stages.STAGES)")
+        return output.path(self.ws)
+
+    def read(self, output: Output, columns: list[str] | None = None) -> pa.Table:
+        return self.ws.read_table(self.input_path(output), columns)
 
     def path(self, name: str) -> Path:
-        assert name in self.stage.outputs, f"{self.stage.name} declares no output {name}"
-        return self.ws.stage_path(self.stage.name, name)
+        """The file of this stage's own output `name`."""
+        return self.stage.output(name).path(self.ws)
 
     def trusted(self, name: str) -> Path | None:
         """This stage's output `name` as the last run left it, if it matches the checksum that run
@@ -112,13 +152,13 @@ class StageRun:
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
 
-    def nodes(self, *stages: str) -> pa.Table:
-        """The node tables of `stages`, one after the other."""
-        return pa.concat_tables([self.read(s, NODES) for s in stages])
+    def nodes(self, *outputs: Output) -> pa.Table:
+        """Node tables, one after the other."""
+        return pa.concat_tables([self.read(o) for o in outputs])
 
-    def edges(self, *stages: str) -> pa.Table:
-        """The edge tables of `stages`, merged (`graph.merge_edges`)."""
-        return merge_edges([self.read(s, EDGES) for s in stages])
+    def edges(self, *outputs: Output) -> pa.Table:
+        """Edge tables, merged (`graph.merge_edges`)."""
+        return merge_edges([self.read(o) for o in outputs])
 
     def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
         self.write(NODES, nodes)
@@ -130,7 +170,7 @@ class StageRun:
         `failures_are_final`), each said once, by the run that met it."""
         final = self.engine.failures_are_final
         self.write_graph(nodes, edges)
-        self.write("failures.parquet", _failures_table(self.stage.name, failures, final))
+        self.write(FAILURES, _failures_table(self.stage.name, failures, final))
         if final and failures:
             item, reason = min(failures.items())
             self.reporter.warn(f"{self.stage.name}: {len(failures)} item(s) have no result with the {self.engine.name} "
@@ -138,26 +178,42 @@ class StageRun:
         return {"failures": 0 if final else len(failures), "final_failures": len(failures) if final else 0}
 
 
+class UndeclaredInput(RuntimeError):
+    """A stage read a file it did not declare as an input: a defect of the stage, not of the input."""
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     run: Callable[[StageRun], dict]
-    upstream: tuple[str, ...] = ()  # stages whose outputs it reads
+    inputs: tuple[Output, ...] = ()  # the other stages' files it reads (outputs.py)
     settings: tuple[str, ...] = ()  # config sections its output depends on; "engine": the engine's identity
     task: str | None = None  # the engine task whose usage is accounted to it
-    outputs: tuple[str, ...] = ()  # its files in stages/ (assemble: a generation instead; its function
+    outputs: tuple[Output, ...] = ()  # its files in stages/ (assemble: a generation instead; its function
     # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
     anchored: bool = False  # keeps its work against the last full build in an incremental update (anchor.py)
     version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
 
-    @property
-    def makes_nodes(self) -> bool:
-        return NODES in self.outputs
+    def __post_init__(self):
+        if any(o.stage != self.name for o in self.outputs):
+            raise ValueError(f"stage {self.name} declares an output of another stage")
 
     @property
-    def makes_edges(self) -> bool:
-        return EDGES in self.outputs
+    def upstream(self) -> tuple[str, ...]:
+        """The stages whose outputs it reads, in the order its inputs name them: their outputs'
+        digests are in its fingerprint."""
+        return tuple(dict.fromkeys(o.stage for o in self.inputs))
+
+    def output(self, name: str) -> Output:
+        for output in self.outputs:
+            if output.file == name:
+                return output
+        raise UndeclaredInput(f"stage {self.name} declares no output {name}")
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(o.file for o in self.outputs)
 
 
 def _failures_table(stage: str, failures: dict[str, str], final: bool) -> pa.Table:
@@ -174,13 +230,13 @@ def _failures_table(stage: str, failures: dict[str, str], final: bool) -> pa.Tab
 def _chunk(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     settings = run.config.chunk
-    last = [run.last(name) for name in ("documents.parquet", "chunks.parquet")]
+    last = [run.last(o.file) for o in (DOCUMENTS, CHUNKS)]
     previous = chunk.previous_chunks(*last, run.files, settings.chunk_tokens, settings.overlap_tokens,
                                      chunk.reader_identities(run.files))
     documents, chunks, counts = chunk.run(run.files, settings, previous, run.executor, run.ws.cache)
     run.ws.cache.touch(SCAN, [f.scan_key for f in run.files if f.scan_key])  # kept by `noderag gc`
-    run.write("documents.parquet", documents)
-    run.write("chunks.parquet", chunks)
+    run.write(DOCUMENTS.file, documents)
+    run.write(CHUNKS.file, chunks)
     failed = documents.filter(pc.equal(documents["status"], "failed"))
     for path, reason in zip(failed["path"].to_pylist(), failed["reason"].to_pylist(), strict=True):
         run.reporter.warn(f"could not read {path}: {reason}")
@@ -189,10 +245,10 @@ def _chunk(run: StageRun) -> dict:
 
 
 def _decompose(run: StageRun) -> dict:
-    chunks = run.read("chunk", "chunks.parquet")
+    chunks = run.read(CHUNKS)
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
-    rows_paths = (run.path("occurrences.parquet"), run.path("links.parquet"))
-    kept = [run.trusted(path.name.split(".", 1)[1]) for path in rows_paths]
+    rows_paths = (run.path(OCCURRENCES.file), run.path(LINKS.file))
+    kept = [run.trusted(o.file) for o in (OCCURRENCES, LINKS)]
     occurrences, links, failures, work = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance,
         decompose.read_rows(*kept) if all(kept) else None, run.executor,
@@ -210,7 +266,7 @@ def _decompose(run: StageRun) -> dict:
 
 def _attributes(run: StageRun) -> dict:
     g = run.config.graph
-    nodes, edges = run.nodes("decompose"), run.edges("decompose")
+    nodes, edges = run.nodes(DECOMPOSE_NODES), run.edges(DECOMPOSE_EDGES)
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
     new_nodes, new_edges, failures, summaries = attributes.run(
@@ -219,15 +275,16 @@ def _attributes(run: StageRun) -> dict:
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
-    run.write("summaries.parquet", summaries)
-    anchor_chunks = kept_against.chunks if kept_against else run.read("chunk", "chunks.parquet", ["chunk_id"])["chunk_id"]
-    run.write("anchor_chunks.parquet", anchor.chunks_table(anchor_chunks))
+    run.write(ATTRIBUTE_SUMMARIES.file, summaries)
+    anchor_chunks = kept_against.chunks if kept_against else run.read(CHUNKS, ["chunk_id"])["chunk_id"]
+    run.write(ANCHOR_CHUNKS.file, anchor.chunks_table(anchor_chunks))
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed, **_anchor_info(kept_against, why, summaries)}
 
 
 def _communities(run: StageRun) -> dict:
     g = run.config.graph
-    nodes, edges = run.nodes("decompose", "attributes"), run.edges("decompose", "attributes")
+    nodes = run.nodes(DECOMPOSE_NODES, ATTRIBUTE_NODES)
+    edges = run.edges(DECOMPOSE_EDGES, ATTRIBUTE_EDGES)
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
     new_nodes, new_edges, assignments, failures, summaries, centroids = communities.run(
@@ -236,9 +293,9 @@ def _communities(run: StageRun) -> dict:
         resummarize_share=run.config.index.resummarize_share,
     )
     failed = run.commit_graph(new_nodes, new_edges, failures)
-    run.write("assignments.parquet", assignments.sort_by("id"))
-    run.write("summaries.parquet", summaries)
-    run.write("centroids.parquet", centroids)
+    run.write(ASSIGNMENTS.file, assignments.sort_by("id"))
+    run.write(COMMUNITY_SUMMARIES.file, summaries)
+    run.write(SEMANTIC_CENTROIDS.file, centroids)
     n_communities = len(set(assignments["community"].to_pylist()) - {-1})
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed,
             **_anchor_info(kept_against, why, summaries)}
@@ -253,40 +310,40 @@ def _anchor_info(kept_against: anchor.Anchor | None, why: str, summaries: pa.Tab
 
 def _text(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    nodes, edges = text.run(run.read("chunk", "chunks.parquet"), run.nodes("decompose"))
+    nodes, edges = text.run(run.read(CHUNKS), run.read(DECOMPOSE_NODES))
     run.write_graph(nodes, edges)
     return {"nodes": nodes.num_rows, "edges": edges.num_rows}
 
 
 def _embed(run: StageRun) -> dict:
-    nodes = run.nodes(*NODE_STAGES)
+    nodes = run.nodes(*NODE_OUTPUTS)
     run.reporter.stage_started(run.stage.name, None)
     ids, vectors = embed.run(nodes, run.embedder)
     run.embedder.forget()  # every vector is in `vectors` now; the stages after read them from its file
-    run.write("ids.parquet", pa.table({"id": pa.array(ids, pa.string())}))
+    run.write(VECTOR_IDS.file, pa.table({"id": pa.array(ids, pa.string())}))
     index = ivf.flat_index(vectors)
     del vectors
-    atomic_write_with(run.path("vectors.faiss"), lambda name: faiss.write_index(index, name))
+    atomic_write_with(run.path(VECTORS.file), lambda name: faiss.write_index(index, name))
     return {"vectors": len(ids), "dim": index.d}
 
 
 def _similarity(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
-    ids = run.read("embed", "ids.parquet")["id"].to_pylist()
-    vectors = ivf.read_flat(run.ws.stage_path("embed", "vectors.faiss"))
+    ids = run.read(VECTOR_IDS)["id"].to_pylist()
+    vectors = ivf.read_flat(run.input_path(VECTORS))
     settings = run.config.similarity
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}
     keys = similarity_edges.keys(ids, vectors)
     info = {}
     if len(ids) < settings.exact_below:
-        earlier = run.trusted("neighbours.parquet")
+        earlier = run.trusted(NEIGHBOURS.file)
         neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
                                                       _previous_neighbours(earlier, signature) if earlier else None)
     else:
         centroids, info = _anchored_centroids(run, vectors.shape[1])
         signature |= {"probes": settings.probes, "seed": run.config.graph.seed}
-        earlier = run.trusted("neighbours.parquet") if centroids is not None else None
+        earlier = run.trusted(NEIGHBOURS.file) if centroids is not None else None
         previous = _previous_neighbours(earlier, _clustered(signature, centroids)) if earlier else None
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
                                                       settings.probes, similarity_edges.ASSIGN, centroids, previous)
@@ -297,8 +354,8 @@ def _similarity(run: StageRun) -> dict:
                       pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
     run.write(EDGES, edges)
     table = similarity_edges.to_table(keys, neighbours)
-    run.write("neighbours.parquet", table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
-    run.write("centroids.parquet", anchor.centroids_table(neighbours.centroids, run.embedder.model_id))
+    run.write(NEIGHBOURS.file, table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
+    run.write(SIMILARITY_CENTROIDS.file, anchor.centroids_table(neighbours.centroids, run.embedder.model_id))
     return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned, **info}
 
 
@@ -325,8 +382,7 @@ def _assemble(run: StageRun) -> dict:
     kept_against, _ = run.load_anchor()
     centroids = kept_against.centroids(anchor.VECTOR_SIDE_CENTROIDS, run.embedder.model_id, run.embedder.dim) \
         if kept_against else None
-    return assemble.run(run.ws, run.config, run.embedder, NODE_STAGES, EDGE_STAGES,
-                        lambda: kill_point("assemble", "publish"), centroids)
+    return assemble.run(run, run.config, run.embedder, lambda: kill_point("assemble", "publish"), centroids)
 
 
 def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
@@ -339,37 +395,33 @@ def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
     return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
 
 
-GRAPH_OUTPUTS = (NODES, EDGES, "failures.parquet")
+ASSEMBLED = (CHUNKS, DOCUMENTS, *NODE_OUTPUTS, ASSIGNMENTS, ATTRIBUTE_SUMMARIES, ANCHOR_CHUNKS, COMMUNITY_SUMMARIES,
+             SEMANTIC_CENTROIDS, VECTOR_IDS, VECTORS, SIMILARITY_CENTROIDS, *EDGE_OUTPUTS)
+"""What assemble reads: the graph, its documents and vectors, and the anchor's files (anchor.FILES)."""
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=("documents.parquet", "chunks.parquet"),
-          reads_input=True),
-    Stage("decompose", _decompose, upstream=("chunk",), settings=("engine",), task="decompose",
-          outputs=(*GRAPH_OUTPUTS, "occurrences.parquet", "links.parquet")),
-    Stage("attributes", _attributes, upstream=("decompose",), settings=("engine", "graph", "index"), task="attributes",
-          outputs=(*GRAPH_OUTPUTS, "summaries.parquet", "anchor_chunks.parquet"), anchored=True),
-    Stage("communities", _communities, upstream=("decompose", "attributes"),
-          settings=("engine", "graph", "embedding", "index"), task="community_elements",
-          outputs=(NODES, EDGES, "assignments.parquet", "failures.parquet", "summaries.parquet", "centroids.parquet"),
+    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=(DOCUMENTS, CHUNKS), reads_input=True),
+    Stage("decompose", _decompose, inputs=(CHUNKS,), settings=("engine",), task="decompose",
+          outputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, DECOMPOSE_FAILURES, OCCURRENCES, LINKS)),
+    Stage("attributes", _attributes, inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, CHUNKS),
+          settings=("engine", "graph", "index"), task="attributes",
+          outputs=(ATTRIBUTE_NODES, ATTRIBUTE_EDGES, ATTRIBUTE_FAILURES, ATTRIBUTE_SUMMARIES, ANCHOR_CHUNKS),
           anchored=True),
-    Stage("text", _text, upstream=("chunk", "decompose"), outputs=(NODES, EDGES)),
-    Stage("embed", _embed, upstream=("decompose", "attributes", "communities", "text"), settings=("embedding",),
-          outputs=("ids.parquet", "vectors.faiss")),
-    Stage("similarity", _similarity, upstream=("embed", "chunk"), settings=("embedding", "similarity", "graph", "index"),
-          outputs=("neighbours.parquet", "centroids.parquet", EDGES), anchored=True),
-    Stage("assemble", _assemble, upstream=("chunk", "decompose", "attributes", "communities", "text", "embed",
-                                           "similarity"), settings=("config",), version=prepare.VERSION, anchored=True),
+    Stage("communities", _communities, inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, ATTRIBUTE_NODES, ATTRIBUTE_EDGES, CHUNKS),
+          settings=("engine", "graph", "embedding", "index"), task="community_elements",
+          outputs=(COMMUNITY_NODES, COMMUNITY_EDGES, ASSIGNMENTS, COMMUNITY_FAILURES, COMMUNITY_SUMMARIES,
+                   SEMANTIC_CENTROIDS), anchored=True),
+    Stage("text", _text, inputs=(CHUNKS, DECOMPOSE_NODES), outputs=(TEXT_NODES, TEXT_EDGES)),
+    Stage("embed", _embed, inputs=NODE_OUTPUTS, settings=("embedding",), outputs=(VECTOR_IDS, VECTORS)),
+    Stage("similarity", _similarity, inputs=(VECTOR_IDS, VECTORS, CHUNKS),
+          settings=("embedding", "similarity", "graph", "index"),
+          outputs=(NEIGHBOURS, SIMILARITY_CENTROIDS, SIMILARITY_EDGES), anchored=True),
+    Stage("assemble", _assemble, inputs=ASSEMBLED, settings=("config",), version=prepare.VERSION, anchored=True),
 )
 
 
 STAGE_NAMES = tuple(s.name for s in STAGES)
-
-
-NODE_STAGES = tuple(s.name for s in STAGES if s.makes_nodes)
-
-
-EDGE_STAGES = tuple(s.name for s in STAGES if s.makes_edges)
 
 
 BY_NAME = {s.name: s for s in STAGES}

@@ -19,6 +19,7 @@ from ..engines.identity import identity
 from ..workspace import CACHE_KEYS, FORMAT_VERSION, Workspace
 from . import assemble
 from .decompose import cache_key, input_key, input_name
+from .outputs import CHUNKS, DECOMPOSE_FAILURES, DOCUMENTS, FAILURES, OCCURRENCES
 from .stages import STAGES
 
 RUNNING, DONE = "running", "done"
@@ -148,7 +149,7 @@ def decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[
         return set()
     keys = [cache_key(identity(config.llm), title, text) for _, title, text in chunks]
     found = cache.get_many(DECOMPOSE, keys) if cache is not None else {}
-    rows = ws.stage_path("decompose", "occurrences.parquet")
+    rows = OCCURRENCES.path(ws)
     kept: set[str] = set()
     if rows.is_file() and len(found) < len(keys):
         with contextlib.suppress(OSError, pa.ArrowException):
@@ -167,7 +168,7 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
     - skipped: unreadable, empty, binary... (reason given).
 
     `config`: the workspace's (its engine decides which chunks are already decomposed)."""
-    latest = ws.stage_path("chunk", "documents.parquet")
+    latest = DOCUMENTS.path(ws)
     if not latest.is_file():
         return []
     documents = ws.read_table(latest).to_pylist()
@@ -177,12 +178,12 @@ def documents_status(ws: Workspace, config: Config) -> list[dict]:
     why = {p: "new" for p in changes["new"]} | {p: "changed" for p in changes["changed"]}
     why |= {pair.split(" -> ")[1]: f"renamed from {pair.split(' -> ')[0]}" for pair in changes["renamed"]}
     failed_chunks: dict[str, str] = {}
-    failures_path = ws.stage_path("decompose", "failures.parquet")
+    failures_path = DECOMPOSE_FAILURES.path(ws)
     if failures_path.is_file():
         failures = [row for row in _failure_rows(ws, failures_path) if not row["final"]]
         failed_chunks = {row["item"]: row["reason"] for row in failures}
     chunks_of: dict[str, list[tuple[str, str, str]]] = {}
-    chunks_path = ws.stage_path("chunk", "chunks.parquet")
+    chunks_path = CHUNKS.path(ws)
     if chunks_path.is_file():
         chunks = ws.read_table(chunks_path, ["chunk_id", "doc_id", "title", "text"])
         for row in zip(*(chunks[c].to_pylist() for c in ("chunk_id", "doc_id", "title", "text")), strict=True):
@@ -224,10 +225,10 @@ def failed_items(ws: Workspace) -> list[dict]:
     the stages after decomposition (an entity's attribute, a community's elements), which belong to
     no one document, so the document list cannot show them, and decomposition's final ones."""
     rows = []
-    for stage in STAGES:
-        path = ws.stage_path(stage.name, "failures.parquet")
-        if "failures.parquet" in stage.outputs and path.is_file():
-            rows += [row for row in _failure_rows(ws, path) if stage.name != "decompose" or row["final"]]
+    for output in (o for stage in STAGES for o in stage.outputs if o.file == FAILURES):
+        path = output.path(ws)
+        if path.is_file():
+            rows += [row for row in _failure_rows(ws, path) if output != DECOMPOSE_FAILURES or row["final"]]
     return rows
 
 
@@ -243,7 +244,7 @@ def live_cache_keys(ws: Workspace, manifest: Manifest) -> tuple[list[tuple[str, 
                           f"run `noderag index {ws.root} --input FOLDER` after a change, or remove the cache")
         table = pq.read_table(path)
         live.update(zip(table["ns"].to_pylist(), table["key"].to_pylist(), strict=True))
-    occurrences = ws.stage_path("decompose", "occurrences.parquet")
+    occurrences = OCCURRENCES.path(ws)
     if occurrences.is_file():
         names = pc.unique(pq.read_table(occurrences, columns=["input"])["input"]).to_pylist()
         live.update((DECOMPOSE, input_key(name)) for name in names)

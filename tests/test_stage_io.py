@@ -1,0 +1,55 @@
+"""What each indexing stage reads and writes is declared once, as handles (index/outputs.py): a
+stage's inputs are the handles its code reads, the stages its reuse check watches are derived from
+them, and a read of a handle a stage did not declare stops the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+from conftest import SAMPLE_CORPUS
+
+from noderag_cli import api
+from noderag_cli.index import pipeline
+from noderag_cli.index.outputs import CHUNKS, DECOMPOSE_NODES, EDGE_OUTPUTS, NODE_OUTPUTS
+from noderag_cli.index.pipeline import decide, fingerprint
+from noderag_cli.index.stages import BY_NAME, STAGES, Stage, UndeclaredInput
+from noderag_cli.index.state import StageEntry
+from noderag_cli.workspace import EDGES, NODES, Workspace
+
+
+def test_a_read_the_stage_did_not_declare_stops_the_run(tmp_path, monkeypatch):
+    """The text stage reads the chunks; declared without them, its run stops at the read, naming
+    the stage and the file, instead of building from a file its reuse check does not watch."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    text = BY_NAME["text"]
+    without = dataclasses.replace(text, inputs=(DECOMPOSE_NODES,))
+    monkeypatch.setattr(pipeline, "STAGES", tuple(without if s is text else s for s in STAGES))
+    with pytest.raises(UndeclaredInput, match="stage text reads chunk.chunks.parquet"):
+        api.index(tmp_path / "ws", corpus)
+
+
+def test_a_new_stage_is_rerun_when_an_input_it_declares_changes(tmp_path):
+    """No second list: a stage's declared inputs are what its fingerprint watches."""
+    extra = Stage("extra", lambda run: {}, inputs=(CHUNKS, DECOMPOSE_NODES))
+    assert extra.upstream == ("chunk", "decompose")
+    ws = Workspace(tmp_path / "ws")
+    before = {"chunk": "a", "decompose": "b"}
+    entry = StageEntry("done", fingerprint(extra, "s", before, ""), "s", outputs=None)
+    assert decide(ws, extra, entry, "s", {"chunk": "a2", "decompose": "b"}, "").reason == "its inputs changed"
+    assert decide(ws, extra, entry, "s", {"chunk": "a", "decompose": "b2"}, "").reason == "its inputs changed"
+
+
+def test_every_node_and_edge_table_is_embedded_and_assembled():
+    """The graph's tables are the outputs named nodes.parquet and edges.parquet of every stage:
+    the embed stage reads every node table and assemble every table."""
+    declared = [o for stage in STAGES for o in stage.outputs]
+    assert set(NODE_OUTPUTS) == {o for o in declared if o.file == NODES}
+    assert set(EDGE_OUTPUTS) == {o for o in declared if o.file == EDGES}
+    assert set(NODE_OUTPUTS) <= set(BY_NAME["embed"].inputs)
+    assert set(NODE_OUTPUTS) | set(EDGE_OUTPUTS) <= set(BY_NAME["assemble"].inputs)
+    for stage in STAGES:  # an input is some earlier stage's output
+        earlier = {o for s in STAGES[:STAGES.index(stage)] for o in s.outputs}
+        assert set(stage.inputs) <= earlier, stage.name
