@@ -31,7 +31,7 @@ demo: install
 	$(BIN)/noderag query $(DEMO_WS) "$(DEMO_Q)" --show-context --budget 1000
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check noderag_cli tests bench
+	$(BIN)/ruff check noderag_cli tests bench devtools
 
 test: $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest -q -ra

@@ -28,14 +28,15 @@ def log(message: str) -> None:
 def candidate_recall(workspace: Path) -> float:
     """Over every embedded node: the share of its exact 64 nearest (the exact path's lists) among
     the clustered path's 64 candidates, both recomputed from the build's vectors."""
-    import pyarrow.parquet as pq
 
     from noderag_cli import ivf
     from noderag_cli.config import SimilarityConfig
     from noderag_cli.index import similarity_edges as se
+    from noderag_cli.index.outputs import VECTOR_IDS, VECTORS
+    from noderag_cli.workspace import Workspace
 
-    ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    ids = VECTOR_IDS.read(Workspace(workspace))["id"].to_pylist()
+    vectors = ivf.read_flat(VECTORS.path(Workspace(workspace)))
     keys = se.keys(ids, vectors)
     exact = se.neighbour_lists(keys, vectors, 64).candidates[:, :64]
     clustered = se.clustered_lists(keys, vectors, 64, 42, SimilarityConfig().probes, se.ASSIGN).candidates[:, :64]

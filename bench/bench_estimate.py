@@ -1,6 +1,6 @@
 """How close `index --dry-run`'s LLM estimate comes to what the run then sends.
 
-The sample corpus, indexed through the fault server of tests/llm_support in its "rich" mode (a
+The sample corpus, indexed through the fault server of devtools in its "rich" mode (a
 valid reply derived from each request: a unit per sentence, its capitalised words as entities),
 whose replies make the actual requests known. Estimated: `api.plan`. Actual: every task request
 the server received, its prompt and reply tokens counted with the same tokenizer the estimate
@@ -25,12 +25,11 @@ from pathlib import Path
 
 import yaml
 
+from devtools.fault_server import MODEL, FaultServer, task_of
 from noderag_cli import api
 from noderag_cli.engines.pricing import count_tokens
-from tests.llm_support.fault_server import FaultServer, _task_of
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "openai/fault-model"
 TARGET = 0.30
 
 
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         api.index(workspace, args.corpus, config_path=config)
         actual: dict[str, dict[str, int]] = {}
         for record in server.completions():
-            task = _task_of(record.body)
+            task = task_of(record.body)
             if task is None or record.status != 200:  # the connection check, which the estimate leaves out
                 continue
             row = actual.setdefault(task, {"calls": 0, "input_tokens": 0, "output_tokens": 0})

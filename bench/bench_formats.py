@@ -3,7 +3,7 @@ as Markdown, and the memory of indexing one 1,000-page PDF.
 
     python -m bench.bench_formats [--work bench-out/formats] [--quick]
 
-Every file is generated deterministically (bench/documents.py); the real documents are the PDFs
+Every file is generated deterministically (devtools/documents.py); the real documents are the PDFs
 and HTML pages this machine ships under /usr/share/doc, where present. Prints Markdown.
 """
 
@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench import documents as make
 from bench.bench_scale import tree_rss_mb
+from devtools import documents as make
 from noderag_cli import readers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     count, runs = (10, 1) if args.quick else (40, 3)
     made = _generate(args.work / "files", count)
     lines = ["## Document formats", "",
-             f"Generated files (bench/documents.py; {count} of each format, 6 sections each, the spreadsheets 300 "
+             f"Generated files (devtools/documents.py; {count} of each format, 6 sections each, the spreadsheets 300 "
              "rows), read on 2 processes (`readers.extract`): units are pages (PDF), sections (DOCX, HTML, EPUB), "
              "slides (PPTX) and rows (XLSX).", "",
              "| format | files | MB | units per second | MB per second |", "|---|---|---|---|---|"]

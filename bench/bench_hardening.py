@@ -9,7 +9,7 @@ into chunks by the chunk stage's own function (`chunk.chunk_batch`); reading and
 apart, the median of the rounds (one round at the largest size). Flat seconds per megabyte mean
 linear work.
 
-The cap: `noderag index` against the fault server (tests/llm_support/fault_server.py) on four of
+The cap: `noderag index` against the fault server (devtools/fault_server.py) on four of
 the sample corpus's documents, each case from a fresh workspace, priced at $2 / $8 per million
 input / output tokens: the spend is what the server billed (its usage figures), the dearest
 request the largest single bill among them. Prints Markdown.
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from bench import documents as make
+from devtools import documents as make
+from devtools.fault_server import llm_section
 from noderag_cli.index import chunk
 from noderag_cli.index.scan import content_hash
 
@@ -150,7 +151,7 @@ def _bills(server) -> list[float]:
 
 
 def _llm(server, **settings) -> dict:
-    return {"llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url, "timeout_seconds": 10,
+    return {"llm": {**llm_section(server.url), "timeout_seconds": 10,
                     "price_per_million_tokens": PRICE, **settings}}
 
 
@@ -160,7 +161,7 @@ def _embeddings(server) -> dict:
 
 
 def cap_section(work: Path) -> list[str]:
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer
 
     work.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -38,8 +38,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from noderag_cli.index.stages import STAGE_NAMES
+
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
+STAGES = STAGE_NAMES
 COMPARED = ("nodes.parquet", "edges.parquet")
 SEED = 20240501
 

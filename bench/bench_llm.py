@@ -30,12 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from devtools.fault_server import FaultServer, max_in_window
 from noderag_cli.cache import Cache
 from noderag_cli.config import LLMConfig
 from noderag_cli.engines import llm
 from noderag_cli.engines.base import AttributeInput, ChunkInput
 from noderag_cli.engines.litellm_import import load_litellm
-from tests.llm_support.fault_server import FaultServer, max_in_window
 
 
 def _config(server: FaultServer, **settings) -> LLMConfig:

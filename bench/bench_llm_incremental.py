@@ -29,10 +29,12 @@ from pathlib import Path
 import yaml
 
 from bench.bench_index import ROOT, prepare, run_index, same_files
-from tests.llm_support.fault_server import FaultServer, _task_of
+from devtools.fault_server import MODEL, FaultServer, task_of
+from noderag_cli.index.outputs import ASSIGNMENTS
+from noderag_cli.index.stages import BY_NAME, STAGES
+from noderag_cli.workspace import EDGES, NODES, Workspace
 
-TASKS = ("decompose", "attributes", "community_elements")
-MODEL = "openai/fault-model"
+TASKS = tuple(stage.task for stage in STAGES if stage.task)
 
 
 def _requests(server: FaultServer) -> list[tuple[str, str, int, int, int]]:
@@ -45,16 +47,15 @@ def _requests(server: FaultServer) -> list[tuple[str, str, int, int, int]]:
     def reply_tokens(text: str) -> int:
         return int(load_litellm().token_counter(model=MODEL, text=text)) if text else 0
 
-    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True), int(r.usage.get("total_tokens", 0)),
+    return [(task_of(r.body), json.dumps(r.body["messages"], sort_keys=True), int(r.usage.get("total_tokens", 0)),
              count_tokens(MODEL, r.body["messages"]), reply_tokens(r.reply))
-            for r in server.completions() if _task_of(r.body) and r.status == 200]
+            for r in server.completions() if task_of(r.body) and r.status == 200]
 
 
 def _memberships(workspace: Path) -> set[frozenset[str]]:
     """The member set (S and A node ids) of every community of a workspace's last communities stage."""
-    import pyarrow.parquet as pq
 
-    rows = pq.read_table(workspace / "stages" / "communities.assignments.parquet").to_pylist()
+    rows = ASSIGNMENTS.read(Workspace(workspace)).to_pylist()
     members: dict[int, set[str]] = {}
     for row in rows:
         if row["community"] >= 0 and row["id"][:2] in ("S_", "A_"):
@@ -65,13 +66,12 @@ def _memberships(workspace: Path) -> set[frozenset[str]]:
 def _stage_graph(workspace: Path):
     """The S/N/R/A graph the communities stage read, and its nodes table."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from noderag_cli.graph import Graph
 
-    stages = workspace / "stages"
-    nodes = pa.concat_tables([pq.read_table(stages / f"{s}.nodes.parquet") for s in ("decompose", "attributes")])
-    edges = pa.concat_tables([pq.read_table(stages / f"{s}.edges.parquet") for s in ("decompose", "attributes")])
+    ws = Workspace(workspace)
+    nodes = pa.concat_tables([o.read(ws) for o in BY_NAME["communities"].inputs if o.file == NODES])
+    edges = pa.concat_tables([o.read(ws) for o in BY_NAME["communities"].inputs if o.file == EDGES])
     return Graph.from_tables(nodes, edges), nodes
 
 
@@ -86,12 +86,11 @@ def _communities_with_new_texts(workspace: Path, known: set[str], max_tokens: in
     """(communities asked, those that show a text not in `known`, their share of the shown tokens):
     requests no clustering can avoid, since each holds a text the base build never summarised."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     from noderag_cli.index.communities import shown_members
 
     graph, nodes = _stage_graph(workspace)
-    assigned = pq.read_table(workspace / "stages" / "communities.assignments.parquet").to_pydict()
+    assigned = ASSIGNMENTS.read(Workspace(workspace)).to_pydict()
     community = dict(zip(assigned["id"], assigned["community"], strict=True))
     membership = np.array([community[i] for i in graph.ids.tolist()])
     tokens = nodes["tokens"].to_numpy()

@@ -33,9 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.corpus import DEFAULT_DATA, available, write_corpus, write_small_files
+from noderag_cli.index.outputs import NEIGHBOURS, VECTOR_IDS, VECTORS
+from noderag_cli.index.stages import STAGE_NAMES
+from noderag_cli.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("chunk", "decompose", "attributes", "communities", "text", "embed", "similarity", "assemble")
+STAGES = STAGE_NAMES
 
 
 def log(message: str) -> None:
@@ -133,15 +136,14 @@ def candidate_recall(workspace: Path, sample: int, seed: int = 0) -> float | Non
     of its probed clusters' members, of centroids trained or kept by an incremental update), over
     `sample` nodes."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from noderag_cli import ivf
     from noderag_cli.config import load_config
     from noderag_cli.index import similarity_edges as se
 
     config = load_config(workspace / "config.yaml")
-    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
-    lists = pq.read_table(workspace / "stages" / "similarity.neighbours.parquet", columns=["candidates"])["candidates"]
+    vectors = ivf.read_flat(VECTORS.path(Workspace(workspace)))
+    lists = NEIGHBOURS.read(Workspace(workspace), ["candidates"])["candidates"]
     n, k = len(vectors), config.similarity.neighbours
     if lists.length() != n:
         return None
@@ -160,7 +162,6 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     the share of the exact 64 found on 300 sampled rows), and the vector side's top 10 by the int8
     scan and by probing clusters (ms per question, median of `queries` questions: the build's own
     vectors with a little noise), each as the query path runs it (one thread, compiled kernels)."""
-    import pyarrow.parquet as pq
 
     from noderag_cli import ivf
     from noderag_cli.config import SearchConfig, SimilarityConfig
@@ -169,8 +170,8 @@ def crossover(workspace: Path, exact_sizes: list[int], clustered_sizes: list[int
     from noderag_cli.search.prepare import int8_codes, scan8, vector_clusters
     from noderag_cli.search.vectors import inner_products_at, one_thread, probe_top, rounded_to_int8
 
-    ids = pq.read_table(workspace / "stages" / "embed.ids.parquet")["id"].to_pylist()
-    vectors = ivf.read_flat(workspace / "stages" / "embed.vectors.faiss")
+    ids = VECTOR_IDS.read(Workspace(workspace))["id"].to_pylist()
+    vectors = ivf.read_flat(VECTORS.path(Workspace(workspace)))
     lines = ["| embedded nodes | exact lists s | clustered lists s | clustered recall@64 |", "|---:|---:|---:|---:|"]
     probes = SimilarityConfig().probes
     for n in sorted(set(exact_sizes) | set(clustered_sizes)):

@@ -1,7 +1,7 @@
 """How long the CLI takes to answer before any work: `noderag --help`, `--version` and a
 subcommand's `--help`, against a process that only imports Typer (the floor any Typer CLI pays);
 and an `index` with nothing to do, with the LLM engine (a workspace built through the fault
-server of tests/llm_support, which is then stopped) against the offline engine.
+server of devtools, which is then stopped) against the offline engine.
 
 Every command runs ROUNDS times, interleaved so the machine's drift hits all alike; medians.
 
@@ -39,7 +39,7 @@ def wall(command: list[str]) -> float:
 def nothing_to_do_commands(work: Path) -> dict[str, list[str]]:
     """`noderag index` of sample_corpus into a workspace already up to date: offline, and with
     an LLM engine whose server is gone (nothing to ask, so nothing may reach for it)."""
-    from tests.llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer
 
     corpus = Path(__file__).resolve().parents[1] / "sample_corpus"
     offline, llm = work / "offline-ws", work / "llm-ws"

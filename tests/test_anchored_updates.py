@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
-from llm_support.fault_server import FaultServer, _task_of
 
+from devtools.fault_server import FaultServer, llm_section, task_of
 from noderag_cli.graph import document_id
 
 NEW_DOCUMENT = """# The Korven Institute
@@ -201,7 +201,7 @@ def server():
 
 
 def _asked(server: FaultServer) -> list[str]:
-    return [_task_of(r.body) for r in server.completions() if _task_of(r.body)]
+    return [task_of(r.body) for r in server.completions() if task_of(r.body)]
 
 
 def test_an_incremental_update_with_an_llm_asks_less_than_an_exact_one(server, tmp_path):
@@ -209,8 +209,7 @@ def test_an_incremental_update_with_an_llm_asks_less_than_an_exact_one(server, t
     shutil.copytree(SAMPLE_CORPUS, folder)
     (folder / "questions.jsonl").unlink()
     config = tmp_path / "fault.yaml"
-    config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                              "api_base": server.url, "timeout_seconds": 10, "retries": 2,
+    config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 2,
                                               "concurrency": 4, "price_per_million_tokens": {"input": 1.0}}}))
     base = tmp_path / "base"
     index(base, folder, "--config", config)

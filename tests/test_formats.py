@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_same_tables, index, noderag
 
-from bench import documents as make
+from devtools import documents as make
 
 SHIPS = [["Ship", "Tonnage", "Home port"], ["Gannet Queen", "420", "Vessmouth"], ["Heron", "310", "Dunholt"]]
 PAGES = [("Harbour survey", ["The quarrymen of Pellow Ridge cut the granite for the long breakwater in 1881."]),
@@ -223,16 +223,16 @@ def test_an_llm_answer_cites_pages(workspace, tmp_path):
     """An LLM reads each context line with its place ("(from reports/survey.pdf p. 2)") and its
     citations name them."""
     import yaml
-    from llm_support.fault_server import FaultServer, _task_of
+
+    from devtools.fault_server import FaultServer, llm_section, task_of
 
     with FaultServer(default="good") as server:
         server.script(["cite"], marker="Cite the context lines")
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 1}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 1}}))
         run = noderag("query", workspace, "Which dredger deepened the inner channel?", "--config", config, "--json",
                       "--budget", "300")
-        request = [r for r in server.completions() if _task_of(r.body) == "answer"][0]
+        request = [r for r in server.completions() if task_of(r.body) == "answer"][0]
     assert run.returncode == 0, run.stderr
     context = request.body["messages"][1]["content"]
     assert "(from reports/survey.pdf p. 2)" in context

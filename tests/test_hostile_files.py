@@ -1,7 +1,7 @@
 """Hostile and broken documents (issue 37, H1-H5, H9, H17): each reader runs in a process the
 kernel holds to `chunk.extract_memory_mb` and `chunk.extract_seconds`, chunking stays linear in a
 document's length, a killed worker costs one document at most, and a file swapped after the scan
-is refused, not waited on. The bombs are generated here (bench/documents.py), never stored."""
+is refused, not waited on. The bombs are generated here (devtools/documents.py), never stored."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from conftest import REPO, index, noderag
 
-from bench import documents as make
+from devtools import documents as make
 from noderag_cli import readers
 from noderag_cli.index import chunk
 

@@ -215,7 +215,7 @@ def test_a_document_that_becomes_unreadable_keeps_its_last_content_and_its_paid_
     """H10: permission denied was "deleted": dropped from the build, its replies collected by gc and
     paid again. Now: a failed item (exit 1) whose content stays; gc keeps its replies; once it can be
     read again nothing is asked again."""
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer, llm_section
 
     if os.geteuid() == 0 and shutil.which("setpriv") is None and not os.environ.get("NODERAG_REQUIRE_TOOLS"):
         pytest.skip("running as root without setpriv: no file can be made unreadable")
@@ -224,8 +224,7 @@ def test_a_document_that_becomes_unreadable_keeps_its_last_content_and_its_paid_
     victim = docs / "greyling_medal.md"
     with FaultServer(default="rich") as server:
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10}}))
         ws = tmp_path / "ws"
         prefix = _without_read_bypass()
         first = noderag("index", ws, "--input", docs, "--config", config, "--json", prefix=prefix)
@@ -254,12 +253,11 @@ def test_a_document_that_becomes_unreadable_keeps_its_last_content_and_its_paid_
 @pytest.mark.llm
 def test_an_emptied_cache_is_named_with_what_it_held(tmp_path):
     """H11: `: > cache.sqlite` passed `stats --verify`, and the next index paid everything again."""
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer, llm_section
 
     with FaultServer(default="rich") as server:
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10}}))
         ws = tmp_path / "ws"
         index(ws, SAMPLE_CORPUS, "--config", config)
         held = json.loads((ws / "manifest.json").read_text())["cache"]

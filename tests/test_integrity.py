@@ -115,19 +115,18 @@ def test_damage_matrix(small, tmp_path, how):
 
 
 def test_an_interrupted_llm_run_keeps_what_it_paid_for_through_gc(small, tmp_path):
-    from llm_support.fault_server import FaultServer, _task_of
+    from devtools.fault_server import FaultServer, llm_section, task_of
 
     folder, _ = small
     with FaultServer(default="rich") as server:
         config = tmp_path / "llm.yaml"
         config.write_text(yaml.safe_dump({"chunk": {"chunk_tokens": 200},
-                                          "llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 1,
+                                          "llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 1,
                                                   "concurrency": 1}}))
         ws = tmp_path / "ws"
         killed = index(ws, folder, "--config", config, env={"NODERAG_TEST_KILL_AT": "decompose:4"}, expect=None)
         assert killed.returncode == -9
-        paid = len([r for r in server.completions() if _task_of(r.body) == "decompose"])
+        paid = len([r for r in server.completions() if task_of(r.body) == "decompose"])
         assert paid >= 4
         dry = noderag("gc", ws, "--dry-run", "--json").json()
         assert dry["cache"]["unfinished"]["paid_replies"] >= 4 and dry["cache"]["removed"] == 0
@@ -136,7 +135,7 @@ def test_an_interrupted_llm_run_keeps_what_it_paid_for_through_gc(small, tmp_pat
         server.reset()
         index(ws, folder, "--config", config)
         chunks = len(api.Workspace(ws).read_table(ws / "stages" / "chunk.chunks.parquet"))
-        asked = len([r for r in server.completions() if _task_of(r.body) == "decompose"])
+        asked = len([r for r in server.completions() if task_of(r.body) == "decompose"])
         # the replies stored: at least the 4 the kill waited for (replies still in flight when a process is
         # SIGKILLed are lost with it, however many the transport had sent)
         kept = dry["cache"]["unfinished"]["paid_replies"]
@@ -219,14 +218,13 @@ def test_a_lost_current_fails_verify_and_is_named(small, tmp_path):
 
 
 def test_the_connection_check_is_retried_like_any_request(small, tmp_path):
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer, llm_section
 
     folder, _ = small
     with FaultServer(default="good") as server:
         server.script(["503", "500"], marker="Reply with the word OK")
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 3}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 3}}))
         run = noderag("query", small[1], QUESTION, "--config", config)
         assert run.returncode == 0, run.stderr
         checks = [r for r in server.completions() if "Reply with the word OK" in json.dumps(r.body)]
@@ -234,15 +232,14 @@ def test_the_connection_check_is_retried_like_any_request(small, tmp_path):
 
 
 def test_every_429_of_a_run_is_counted_the_connection_checks_too(small, tmp_path):
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer, llm_section
 
     folder, _ = small
     with FaultServer(default="good") as server:
         server.script(["429:1", "429:1"], marker="Reply with the word OK")
         server.script(["429:1", "429:1", "429:1"], marker="Maritime")  # task requests
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10}}))
         run = index(tmp_path / "ws", folder, "--config", config)
         scripted = sum(r.status == 429 for r in server.completions())
     assert scripted == 5

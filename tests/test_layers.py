@@ -55,12 +55,12 @@ def test_every_module_has_a_layer_and_imports_only_downwards():
         for line, name in imports(path):
             if name.startswith("<absolute> "):
                 module = name.split()[1]
-                if module.split(".")[0] in ("tests", "bench") or module.startswith("noderag_cli"):
+                if module.split(".")[0] in ("tests", "bench", "devtools") or module.startswith("noderag_cli"):
                     forbidden.append(f"{path.relative_to(ROOT)}:{line} {module}")
             elif name in layer and layer[name] < layer[top]:
                 upward.append(f"{path.relative_to(ROOT)}:{line} {top} -> {name}")
     assert upward == [], "imports up the layers"
-    assert forbidden == [], "the package imports the tests, the benchmarks or itself by absolute name"
+    assert forbidden == [], "the package imports the tests, the benchmarks, devtools or itself by absolute name"
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path, monkeypatch):

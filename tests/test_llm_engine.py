@@ -1,7 +1,7 @@
 """The litellm engine against real servers: our fault-injecting one and llama.cpp with a tiny model.
 
 No mocking of litellm: every engine call goes through litellm's HTTP client to a server on
-127.0.0.1. `tests/llm_support/fault_server.py` scripts failures per request; the llama.cpp tests
+127.0.0.1. `devtools/fault_server.py` scripts failures per request; the llama.cpp tests
 need `tests/llm_support/install_llm_server.sh` to have run (they skip without it, and fail
 when the environment variable CI is set).
 """
@@ -21,10 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "llm_support"))
-
-from fault_server import FaultServer, max_in_window  # noqa: E402
-
+from devtools.fault_server import FaultServer, llm_section, max_in_window  # noqa: E402
+from devtools.ports import free_port  # noqa: E402
 from noderag_cli.cache import Cache  # noqa: E402
 from noderag_cli.config import EmbeddingConfig, LLMConfig  # noqa: E402
 from noderag_cli.engines import prompts  # noqa: E402
@@ -91,7 +89,7 @@ def server():
 
 
 def engine_for(srv: FaultServer, cache: Cache, window_seconds: float = 60.0, **settings) -> LiteLLMEngine:
-    values = {"engine": "litellm", "model": "openai/fault-model", "api_base": srv.url, "timeout_seconds": 5.0,
+    values = {**llm_section(srv.url), "timeout_seconds": 5.0,
               "retries": 3, "concurrency": 4, "max_output_tokens": 256, "context_window": 4096}
     values.update(settings)
     return LiteLLMEngine(LLMConfig(**values), cache, window_seconds=window_seconds, backoff_base=0.05, backoff_max=0.4)
@@ -385,7 +383,7 @@ def test_a_reply_echoing_the_prompts_example_is_retried_then_a_counted_failure(s
 
 @pytestmark_llm
 def test_names_the_chunk_does_not_hold_are_dropped_and_counted(server, cache):
-    from fault_server import FOREIGN_ENTITY
+    from devtools.fault_server import FOREIGN_ENTITY
 
     server.default = "foreign"
     engine = engine_for(server, cache)
@@ -608,11 +606,6 @@ def test_embeddings_are_normalised_and_cached(server, cache):
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
@@ -630,7 +623,7 @@ def llama_server(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import SAMPLE_CORPUS, assert_same_tables, index, noderag
-from llm_support.fault_server import FaultServer, _task_of
+
+from devtools.fault_server import FaultServer, llm_section, task_of
 
 DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md", "vessmouth.md"]
 
@@ -32,16 +33,15 @@ def _config(tmp_path: Path, url: str, update: str = "exact") -> Path:
     """The fault server's engine; updates in exact mode unless `update` says otherwise (this file
     checks updates against fresh builds; test_anchored_updates.py checks incremental ones)."""
     path = tmp_path / "fault.yaml"
-    path.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": url,
-                                            "timeout_seconds": 10, "retries": 2, "concurrency": 4},
+    path.write_text(yaml.safe_dump({"llm": {**llm_section(url), "timeout_seconds": 10, "retries": 2, "concurrency": 4},
                                     "index": {"update": update}}))
     return path
 
 
 def _requests(server: FaultServer) -> list[tuple[str, str]]:
     """(task, request body) of every task call the server saw, the connection check left out."""
-    return [(_task_of(r.body), json.dumps(r.body["messages"], sort_keys=True))
-            for r in server.completions() if _task_of(r.body)]
+    return [(task_of(r.body), json.dumps(r.body["messages"], sort_keys=True))
+            for r in server.completions() if task_of(r.body)]
 
 
 def test_an_update_asks_the_llm_only_about_what_changed(server, tmp_path):
@@ -110,8 +110,7 @@ def test_rate_limiting_is_shown_logged_bounded_and_summed_up(tmp_path):
     shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", docs / "greyling_medal.md")
     with FaultServer(default="429:1") as server:
         config = tmp_path / "fault.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 0,
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 0,
                                                   "rate_limit_wait_seconds": 3}}))
         run = index(tmp_path / "ws", docs, "--config", config, expect=None)
     assert run.returncode in (1, 4), run.stderr
@@ -144,8 +143,7 @@ def test_prompt_files_users_adapt_change_the_engine_and_bad_ones_are_config_erro
     docs.mkdir()
     shutil.copy(SAMPLE_CORPUS / "greyling_medal.md", docs / "greyling_medal.md")
     config_path = tmp_path / "fault.yaml"
-    config_path.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                   "api_base": server.url, "prompts": folder}}))
+    config_path.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "prompts": folder}}))
     index(ws, docs, "--config", config_path)
     first = {task: body for task, body in _requests(server)}
     assert "decompose" in first
@@ -175,7 +173,7 @@ def test_an_llm_answer_cites_numbered_context_lines(built, tmp_path):
         server.script(["cite"], marker="Cite the context lines")
         config = _config(tmp_path, server.url)
         run = noderag("query", built, "Who founded the Sound Maritime Society?", "--config", config, "--json")
-        answer_request = [r for r in server.completions() if _task_of(r.body) == "answer"][0]
+        answer_request = [r for r in server.completions() if task_of(r.body) == "answer"][0]
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     nodes = result["nodes"]
@@ -210,13 +208,13 @@ def test_hyde_asks_through_the_engine_and_a_second_ablate_pays_nothing(built, tm
                 "--config", config, "--out", tmp_path / "out")
         first = noderag(*args)
         assert first.returncode == 0, first.stderr
-        asked = [r for r in server.completions() if _task_of(r.body) == "passage"]
+        asked = [r for r in server.completions() if task_of(r.body) == "passage"]
         assert len(asked) == 1 and asked[0].body["messages"][1]["content"] == \
             "Question: Who founded the Sound Maritime Society?"
         server.reset()
         second = noderag(*args)
         assert second.returncode == 0, second.stderr
-        assert [r for r in server.completions() if _task_of(r.body) == "passage"] == []  # from the engine's cache
+        assert [r for r in server.completions() if task_of(r.body) == "passage"] == []  # from the engine's cache
     rows = json.loads((tmp_path / "out" / "ablation.json").read_text())["rows"]
     assert [r["strategy"] for r in rows] == ["hyde"]
 
@@ -232,14 +230,14 @@ def test_seed_systems_summarise_through_the_engine_once(built, tmp_path):
                 "--budgets", "1000", "--config", config, "--out", tmp_path / "out")
         first = noderag(*args)
         assert first.returncode == 0, first.stderr
-        asked = [r for r in server.completions() if _task_of(r.body) == "community_elements"]
+        asked = [r for r in server.completions() if task_of(r.body) == "community_elements"]
         assert len(asked) >= 3
         server.reset()
         assert noderag(*args).returncode == 0
-        assert [r for r in server.completions() if _task_of(r.body)] == []
+        assert [r for r in server.completions() if task_of(r.body)] == []
         shutil.rmtree(workspace / "evaluation")
         assert noderag(*args).returncode == 0
-        assert [r for r in server.completions() if _task_of(r.body)] == []
+        assert [r for r in server.completions() if task_of(r.body)] == []
     rows = json.loads((tmp_path / "out" / "ablation.json").read_text())["rows"]
     assert [r["strategy"] for r in rows] == ["archrag", "graphrag-global-c1"]
     assert all(r["mean_context_tokens"] <= 1000 for r in rows)
@@ -316,8 +314,7 @@ def test_a_failed_attribute_is_listed_by_stats(tmp_path):
     with FaultServer(default="rich") as server:
         server.script(["prose"] * 50, marker="attribute summary of one entity")
         config = tmp_path / "fault.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 0}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 0}}))
         run = index(tmp_path / "ws", docs, "--config", config, expect=1)
     assert "--documents` says why" in run.stderr
     report = noderag("stats", tmp_path / "ws", "--documents", "--json").json()

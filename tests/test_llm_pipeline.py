@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import build_file
-from llm_support.fault_server import _task_of
 from test_llm_engine import llama_server, proxy  # noqa: F401  (fixtures: the real server and its counting proxy)
 
+from devtools.cli import Run
+from devtools.cli import noderag as run_cli
+from devtools.fault_server import task_of
 from noderag_cli.engines.grounding import folded, occurs
 
 pytestmark = pytest.mark.llm
@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["sound_maritime_society.txt", "history/dunholt.txt"]
 
 
-def noderag(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "noderag_cli.cli", *args], capture_output=True, text=True, timeout=900)
+def noderag(*args: str) -> Run:
+    return run_cli(*args, timeout=900)  # a real model behind the proxy
 
 
 def task_records(proxy_server):
-    return [r for r in proxy_server.completions() if _task_of(r.body)]
+    return [r for r in proxy_server.completions() if task_of(r.body)]
 
 
 def test_index_through_litellm_is_validated_accounted_and_cached(proxy, tmp_path):  # noqa: F811

@@ -173,7 +173,7 @@ def test_an_llm_built_graph_is_searched_the_same_way(tmp_path):
     """A graph from an LLM engine (the fault server's rich replies: one unit per sentence, capitalised
     words as entities) gets the same two rounds: bridges from its own entities, deterministic,
     within budget; and its answer comes from the engine, not the extractive one."""
-    from llm_support.fault_server import FaultServer
+    from devtools.fault_server import FaultServer, llm_section
 
     folder = tmp_path / "docs"
     for name in ("greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md", "vessmouth.md"):
@@ -181,8 +181,7 @@ def test_an_llm_built_graph_is_searched_the_same_way(tmp_path):
         shutil.copy(SAMPLE_CORPUS / name, folder / name)
     with FaultServer(default="rich") as server:
         config = tmp_path / "fault.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10, "retries": 2}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10, "retries": 2}}))
         index(tmp_path / "ws", folder, "--config", config)
         question = "In which village was the founder of the society that awards the Greyling Medal born?"
         results = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import SAMPLE_CORPUS, assert_same_tables, index
-from llm_support.fault_server import FaultServer, _task_of
+
+from devtools.fault_server import FaultServer, llm_section, task_of
+from devtools.ports import free_port
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'noderag-cli[ray]')")
 
@@ -32,18 +33,13 @@ RAY = str(Path(sys.executable).parent / "ray")
 LLM_DOCS = ["greyling_medal.md", "sound_maritime_society.txt", "history/penrake_brothers.md", "vessmouth.md"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def cluster():
     """(address, crash marker): a head node and a worker node on this machine, stopped afterwards."""
     temp = Path(tempfile.mkdtemp(prefix="nr-ray-", dir="/tmp"))  # Ray's socket paths must stay short
     marker = temp / "crashed-once"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "NODERAG_TEST_CRASH_ONCE": str(marker), "RAY_USAGE_STATS_ENABLED": "0"}
     common = ["--num-cpus", "1", "--object-store-memory", str(200 << 20), "--disable-usage-stats"]
     head = [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
@@ -74,7 +70,7 @@ def test_offline_index_on_the_cluster_equals_a_local_build(cluster, built, tmp_p
 
 
 def _llm(url: str) -> dict:
-    return {"llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": url, "timeout_seconds": 20,
+    return {"llm": {**llm_section(url), "timeout_seconds": 20,
                     "retries": 2, "concurrency": 4}}
 
 
@@ -89,18 +85,18 @@ def test_llm_index_on_the_cluster_equals_a_local_build_and_resumes(cluster, tmp_
         local.write_text(yaml.safe_dump(_llm(server.url)))
         index(tmp_path / "local", folder, "--config", local)
         local_calls = sorted(json.dumps(r.body["messages"], sort_keys=True) for r in server.completions()
-                             if _task_of(r.body))
+                             if task_of(r.body))
         server.reset()
         on_cluster = _ray_config(tmp_path, address, **_llm(server.url))
         killed = index(tmp_path / "ws", folder, "--config", on_cluster, env={"NODERAG_TEST_KILL_AT": "attributes:start"},
                        expect=None)
         assert killed.returncode == -9
-        decomposed = [r for r in server.completions() if _task_of(r.body) == "decompose"]
+        decomposed = [r for r in server.completions() if task_of(r.body) == "decompose"]
         assert len(decomposed) == len(LLM_DOCS)
         resumed = index(tmp_path / "ws", folder, "--config", on_cluster).json()
         assert resumed["stages"]["decompose"]["skipped"]
         cluster_calls = sorted(json.dumps(r.body["messages"], sort_keys=True) for r in server.completions()
-                               if _task_of(r.body))
+                               if task_of(r.body))
     assert cluster_calls == local_calls  # the same requests, each once: nothing re-paid after the kill
     assert_same_tables(tmp_path / "ws", tmp_path / "local")
 
@@ -151,7 +147,7 @@ def test_tasks_on_both_nodes_share_one_rate_limit(cluster):
 def test_documents_are_read_on_the_cluster_as_locally(cluster, tmp_path):
     """A PDF and a Word file are read by the cluster's workers (from the folder's path, which both
     nodes of this machine see) and give the tables a local build gives."""
-    from bench import documents as make
+    from devtools import documents as make
 
     address, _ = cluster
     folder = tmp_path / "docs"

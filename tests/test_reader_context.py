@@ -116,12 +116,12 @@ def test_an_llm_built_workspace_is_searched_with_the_same_settings(tmp_path):
     with the asked kind and whole chunks: within budget, deterministic, and showing a chunk whole."""
     import yaml
     from conftest import SAMPLE_CORPUS, index
-    from llm_support.fault_server import FaultServer
+
+    from devtools.fault_server import FaultServer, llm_section
 
     with FaultServer(default="rich") as server:
         config = tmp_path / "llm.yaml"
-        config.write_text(yaml.safe_dump({"llm": {"engine": "litellm", "model": "openai/fault-model",
-                                                  "api_base": server.url, "timeout_seconds": 10}}))
+        config.write_text(yaml.safe_dump({"llm": {**llm_section(server.url), "timeout_seconds": 10}}))
         index(tmp_path / "ws", SAMPLE_CORPUS, "--config", config)
         questions = [json.loads(line)["question"] for line in (SAMPLE_CORPUS / "questions.jsonl").read_text().splitlines()]
         whole = 0

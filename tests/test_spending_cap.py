@@ -9,7 +9,8 @@ import shutil
 import pytest
 import yaml
 from conftest import SAMPLE_CORPUS, assert_one_line_error, assert_same_tables, index, noderag
-from llm_support.fault_server import FaultServer
+
+from devtools.fault_server import FaultServer, llm_section
 
 pytestmark = pytest.mark.llm
 
@@ -27,7 +28,7 @@ def docs(tmp_path):
 
 def _config(tmp_path, server, price=True, **llm) -> str:
     config = tmp_path / "llm.yaml"
-    section = {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url, "timeout_seconds": 10,
+    section = {**llm_section(server.url), "timeout_seconds": 10,
                **({"price_per_million_tokens": PRICE} if price else {}), **llm}
     config.write_text(yaml.safe_dump({"llm": section}))
     return str(config)
@@ -194,7 +195,7 @@ def test_the_cap_holds_for_both_kinds_of_spending_at_once(tmp_path, docs):
         config.write_text(yaml.safe_dump({
             "embedding": {"backend": "litellm", "model": "openai/fault-embed", "api_base": server.url, "dim": 16,
                           "batch_size": 8, "price_per_million_tokens": {"input": PRICE["input"]}},
-            "llm": {"engine": "litellm", "model": "openai/fault-model", "api_base": server.url, "timeout_seconds": 10,
+            "llm": {**llm_section(server.url), "timeout_seconds": 10,
                     "concurrency": 32, "price_per_million_tokens": PRICE}}))
         index(tmp_path / "full", docs, "--config", config)
         cap = _spent(_paid(server)) * 0.5

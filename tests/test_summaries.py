@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from llm_support.fault_server import FaultServer
 
+from devtools.fault_server import FaultServer
 from noderag_cli import nlp
 from noderag_cli.cache import Cache
 from noderag_cli.config import LLMConfig

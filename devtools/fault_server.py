@@ -41,7 +41,7 @@ Every request is recorded (`server.records`): arrival time (time.monotonic), pat
 status, parsed body and the usage figures returned. With `upstream="http://host:port"` good
 replies are forwarded to that server (e.g. llama.cpp), which makes this a counting proxy.
 
-    python tests/llm_support/fault_server.py --port 8099   # serve until Ctrl-C, all replies good
+    python devtools/fault_server.py --port 8099   # serve until Ctrl-C, all replies good
 """
 
 from __future__ import annotations
@@ -73,7 +73,15 @@ class Record:
     reply: str = ""  # the assistant message of a chat completion answered 200
 
 
-def _task_of(body: dict) -> str | None:
+MODEL = "openai/fault-model"  # as litellm names this server's model
+
+
+def llm_section(url: str, **settings) -> dict:
+    """The `llm` config section that points noderag at this server (the base URL of its /v1), with `settings`."""
+    return {"engine": "litellm", "model": MODEL, "api_base": url, **settings}
+
+
+def task_of(body: dict) -> str | None:
     messages = body.get("messages") or []
     system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
     for name, spec in prompts.SPECS.items():  # a built-in prompt, or one a user changed in its first line
@@ -98,7 +106,7 @@ def rich_content(body: dict) -> dict:
     important entities and communities); an attribute summary made of the entity's statements up
     to the prompt's limit of about 150 words; one community element per statement, up to the
     prompt's 5. Still a pure function of the request."""
-    task = _task_of(body)
+    task = task_of(body)
     if task == "attributes":
         words = " ".join(_statements(body)).split()
         return {"summary": " ".join(words[:150]) or good_content(body)["summary"]}
@@ -133,7 +141,7 @@ FOREIGN_ENTITY = "Zanzibar Quillfeather"
 
 def foreign_content(body: dict) -> dict:
     content = good_content(body)
-    if _task_of(body) == "decompose":
+    if task_of(body) == "decompose":
         unit = content["units"][0]
         unit["entities"].append(FOREIGN_ENTITY)
         unit["relations"].append({"source": unit["entities"][0], "relation": "met", "target": FOREIGN_ENTITY})
@@ -146,7 +154,7 @@ def _system_text(body: dict) -> str:
 
 def good_content(body: dict) -> dict:
     """A valid reply object for the task of the request, derived from its input."""
-    task = _task_of(body)
+    task = task_of(body)
     text = _user_text(body)
     tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
     words = [w.strip(".,;:!?()\"'") for w in text.split()]
