@@ -267,12 +267,10 @@ def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
 
 
 def test_compiled_and_numpy_search_agree_to_the_bit(session, workspace):
-    """The kernels (compiled, the API's default) and the numpy path (one-shot CLI questions) give
-    the same nodes, scores and order, for the default search and the paper's variants."""
-    from noderag_cli.search.steps import CompiledSteps, NumpySteps
-
+    """The vector side's kernels (compiled, the API's default) and numpy (one-shot CLI questions)
+    give the same nodes, scores and order, for the default search and the paper's variants."""
     plain = api.open_workspace(workspace, compiled=False)
-    assert isinstance(plain.retriever.steps, NumpySteps) and isinstance(session.retriever.steps, CompiledSteps)
+    assert plain.retriever.build.vector_side.kernels is None and session.retriever.build.vector_side.kernels is not None
     base = session.retriever.config.search
     settings = [{}, {"budget_tokens": 300}, {"similarity_weight": 1.0}, {"ppr_iterations": 1}, {"cross_s": 3, "cross_r": 0},
                 {"rank": "ppr"}, {"ppr_variant": "lazy"}, {"use_exact": False}, {"second_round_chunks": 0},

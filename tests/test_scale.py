@@ -326,12 +326,10 @@ def test_the_walk_matches_a_dense_walk(built):
 
 def test_the_walk_allocates_nothing_of_the_graphs_size():
     """On a graph of 400,000 nodes (a ring, each node linked to its 2 neighbours on each side), a
-    3-step numpy walk from 3 entry points allocates a few kilobytes, not the 3.2 MB of one float
-    per node (tracemalloc sees numpy's allocations; the compiled kernel's are numba's own, so for it
-    this checks the same result, from the session's scratch array)."""
+    3-step walk from 3 entry points allocates a few kilobytes, not the 3.2 MB of one float per
+    node."""
     import tracemalloc
 
-    from noderag_cli.search import kernels
     from noderag_cli.search.ppr import WalkMatrix
 
     n = 400_000
@@ -339,19 +337,13 @@ def test_the_walk_allocates_nothing_of_the_graphs_size():
     columns = np.sort((np.arange(n)[:, None] + offsets) % n, axis=1).ravel().astype(np.int32)
     walk = WalkMatrix.from_csr(np.arange(0, 4 * n + 1, 4, dtype=np.int64), columns, np.ones(4 * n))
     entries = np.array([10, 5_000, 300_000], np.int64)
-    scratch = np.zeros(n)
-    start = np.full(3, 1 / 3)
-    kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, entries, start, 0.5, 3, scratch)  # compile
     tracemalloc.start()
     try:
         support, mass = shallow_ppr(walk, entries, 0.5, 3)
         numpy_peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    kernel_support, kernel_mass = kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse,
-                                                    entries, start, 0.5, 3, scratch)
-    assert len(support) == 3 * 13 and support.tolist() == kernel_support.tolist()
-    assert np.array_equal(mass, kernel_mass) and not scratch.any()
+    assert len(support) == 3 * 13 and np.isclose(mass.sum(), 1.0)
     assert numpy_peak < 64 * 1024, numpy_peak
 
 

@@ -7,14 +7,13 @@ import pytest
 import scipy.sparse as sp
 
 from noderag_cli.search.context import (
-    diversity_powers,
     fit_budget,
     sentence_key_ids,
     sentence_keys,
     top_per_group,
 )
 from noderag_cli.search.entry import NameIndex
-from noderag_cli.search.ppr import WalkMatrix, shallow_ppr, uniform_start
+from noderag_cli.search.ppr import WalkMatrix, shallow_ppr
 
 
 def transition(adjacency: sp.csr_matrix) -> sp.csr_matrix:
@@ -126,97 +125,18 @@ def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
 
 
 @pytest.mark.parametrize("integer", [True, False])
-def test_the_walk_kernel_equals_the_numpy_walk_to_the_bit(integer):
-    from noderag_cli.search import kernels
-
-    rng, shares = np.random.default_rng(11), np.random.default_rng(12)
-    for trial in range(40):  # sparse and dense graphs: the kernel gathers a step's support both ways
+def test_the_compact_walk_matrix_is_the_transition_matrix(integer):
+    """The walk's compact form holds P's entries in P's order, with the same bits; whole-number
+    weights travel as bytes."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
         n = int(rng.integers(5, 400))
         adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer)
         p_matrix = transition(adjacency)
         walk = WalkMatrix.from_adjacency(adjacency)
-        indptr, indices, weights, inverse = walk.indptr, walk.indices, walk.weights, walk.inverse
-        assert (weights.dtype == np.uint8) == integer  # whole-number weights travel as bytes
-        # the compact form is P: the same entries in the same order, the same bits
+        assert (walk.weights.dtype == np.uint8) == integer
         assert np.array_equal(walk.as_csr().indices, p_matrix.indices)
         assert np.array_equal(walk.as_csr().data, p_matrix.data)
-        entries = np.unique(rng.integers(0, n, int(rng.integers(1, 6))))
-        iterations = int(rng.integers(0, 5))
-        alpha = float(rng.choice([0.15, 0.5, 0.85]))
-        min_mass = float(rng.choice([0.0, 1e-3, 1e-2]))
-        start = None if trial % 2 else shares.dirichlet(np.ones(len(entries)))  # uniform, or one share each
-        expected = shallow_ppr(walk, entries, alpha, iterations, min_mass=min_mass, start=start)
-        scratch = np.zeros(n)
-        support, mass = kernels.ppr_paper(indptr, indices, weights, inverse, entries,
-                                          uniform_start(entries) if start is None else start, alpha, iterations,
-                                          scratch, min_mass)
-        assert np.array_equal(support, expected[0]), trial
-        assert np.array_equal(mass, expected[1]), trial  # same sums in the same order: same bits
-        assert not scratch.any()  # handed back cleared
-
-
-def test_the_bridge_kernel_equals_bridge_candidates():
-    """The second round's candidates, compiled and numpy, on random typed graphs whose nodes have no,
-    one or several documents (similarity-like edges join chunks and units of other documents)."""
-    from noderag_cli.node_types import TYPE_CODE
-    from noderag_cli.search import kernels, rounds
-
-    rng = np.random.default_rng(21)
-    checked = 0
-    for _ in range(150):
-        n = int(rng.integers(5, 300))
-        walk = WalkMatrix.from_adjacency(_random_graph(rng, n, float(rng.uniform(0.005, 0.1)), True))
-        codes = rng.choice([TYPE_CODE[t] for t in "TSSSNNR"], n).astype(np.int8)
-        sources = [np.sort(rng.choice(8, int(rng.integers(0, 3)), replace=False)) for _ in range(n)]
-        doc_indptr = np.r_[0, np.cumsum([len(d) for d in sources])].astype(np.int32)
-        doc_codes = np.concatenate(sources).astype(np.int32)
-        units = np.flatnonzero(codes == TYPE_CODE["S"])
-        best = rng.permutation(units)[: int(rng.integers(0, 12))].astype(np.int64)
-        exclude = np.unique(rng.choice(n, int(rng.integers(0, 4)))).astype(np.int64)
-        chunks = int(rng.integers(0, 4))
-        crowded = int(rng.choice([2, 256]))
-        rounds_crowded, rounds.CROWDED = rounds.CROWDED, crowded
-        try:
-            expected = rounds.bridge_candidates(walk, codes, doc_indptr, doc_codes, best, chunks, exclude)
-        finally:
-            rounds.CROWDED = rounds_crowded
-        marks = np.zeros(n, np.int8)
-        got = kernels.bridge_candidates(walk.indptr, walk.indices, codes, doc_indptr, doc_codes, best, chunks, exclude,
-                                        crowded, marks)
-        assert got.tolist() == expected.tolist()
-        assert not marks.any()
-        checked += len(expected) > 0
-    assert checked > 20  # most trials found candidates: the comparison was not of empty lists
-
-
-def test_the_budget_kernel_equals_fit_budget():
-    """Plain and with the document diversity factor, with nodes of no, one and several documents."""
-    from noderag_cli.search import kernels
-
-    rng = np.random.default_rng(5)
-    vocabulary = [f"statement number {i} of the corpus." for i in range(40)]
-    for _ in range(200):
-        n = int(rng.integers(1, 60))
-        keys = [frozenset(rng.choice(vocabulary, int(rng.integers(0, 4)), replace=False).tolist()) for _ in range(n)]
-        tokens = rng.integers(1, 80, n).astype(np.int32)
-        rows = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
-        priority = np.round(rng.random(len(rows)), 1)  # ties, broken by row
-        budget = int(rng.integers(1, 400))
-        key_id = {k: i for i, k in enumerate(vocabulary)}
-        key_indptr = np.r_[0, np.cumsum([len(k) for k in keys])].astype(np.int64)
-        key_ids = np.array([key_id[k] for ks in keys for k in sorted(ks)], np.int64)
-        shown = np.zeros(len(vocabulary), bool)
-        sources = [np.sort(rng.choice(6, int(rng.integers(0, 3)), replace=False)) for _ in range(n)]
-        doc_indptr = np.r_[0, np.cumsum([len(d) for d in sources])].astype(np.int32)
-        doc_codes = np.concatenate(sources).astype(np.int32)
-        taken = np.zeros(6, np.int64)
-        for diversity in (1.0, 0.4):
-            got = kernels.fit_budget(rows, priority, tokens, budget, key_indptr, key_ids, shown, doc_indptr, doc_codes,
-                                     taken, diversity_powers(diversity, len(rows)))
-            expected = fit_budget(rows, priority, tokens, budget, keys=(key_indptr, key_ids),
-                                  documents=(doc_indptr, doc_codes), diversity=diversity)
-            assert got.tolist() == expected.tolist()
-            assert not shown.any() and not taken.any()
 
 
 def test_half_precision_rows_widen_exactly_both_ways():

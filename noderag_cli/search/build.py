@@ -6,7 +6,6 @@ the walk matrix of another similarity weight), made only then. The query steps: 
 from __future__ import annotations
 
 import functools
-import threading
 
 import faiss
 import numpy as np
@@ -57,7 +56,6 @@ class Build:
         self.leads_indptr, self.leads_indices = _mapped(generation.array("leads_indptr")), _mapped(generation.array("leads_indices"))
         self.value_kinds, self.unit_chunk = _mapped(generation.array("value_kinds")), _mapped(generation.array("unit_chunk"))
         self.key_indptr, self.key_ids = _mapped(generation.array("key_indptr")), _mapped(generation.array("key_ids"))
-        self.key_count = int(meta["sentence_keys"])
         self.doc_indptr, self.doc_codes = _mapped(generation.array("doc_indptr")), _mapped(generation.array("doc_codes"))
         self.document_names = generation.arrow("document_names")["path"]
         self._paths: dict[int, str] = {}  # filled as paths are shown
@@ -66,15 +64,6 @@ class Build:
         self.shown_places: dict[int, tuple[dict, int]] = {}  # (place, its chunk's T row), filled as places are shown
         self.names = NameIndex({name: _mapped(generation.array(name)) for name in NameIndex.ARRAYS},
                                generation.arrow("name_keys")["key"])
-        self._scratches: dict[tuple[str, int, int], np.ndarray] = {}
-
-    def scratch(self, name: str, size: int, dtype) -> np.ndarray:
-        """A zeroed array the kernels use and leave zeroed, made once per session and thread (its
-        pages are the operating system's zero pages until written), never per question."""
-        key = (name, size, threading.get_ident())
-        if key not in self._scratches:
-            self._scratches[key] = np.zeros(size, dtype)
-        return self._scratches[key]
 
     def _read_index(self, file: str) -> faiss.Index:
         path = self.generation.path(file)

@@ -66,12 +66,10 @@ def _found_in(unit: str, chunk_text: str) -> tuple[int, int] | None:
 
 
 class Retriever:
-    """Questions answered from a build (`self.build`). With `compiled`, the walk, the selection and
-    the budget run as numba kernels (search/kernels.py): a third less time per question (~0.5 ms)
-    for ~0.7 s more to open the workspace, worth it from about a thousand questions per process
-    (api.COMPILED_FROM_QUESTIONS); without, as numpy and Python. Which of the two (`steps.py`) is
-    chosen once, here; both give the same results to the bit (tests/test_search_parts.py,
-    tests/test_query.py)."""
+    """Questions answered from a build (`self.build`). With `compiled`, the vector side scans its
+    half-precision rows and int8 codes with numba kernels (search/kernels.py), for some load time
+    when the workspace opens, worth it for many questions per process (api.COMPILED_FROM_QUESTIONS);
+    the results are the same to the bit either way (tests/test_search_parts.py, tests/test_scale.py)."""
 
     def __init__(self, generation: Generation, config: Config, engine: Engine, embedder: Embedder,
                  compiled: bool = True):
@@ -85,13 +83,12 @@ class Retriever:
         self.build = Build(generation, config.search.vector_probes, embedder.dim)
         self._value_names: dict[int, bool] = {}  # per entity row: its name is a date or a quantity
         self.embedder.embed(["warm-up"])  # load the model now, not inside the first query's timing
-        self.steps: steps.NumpySteps | steps.CompiledSteps = steps.NumpySteps(self.build)  # chosen once, here
+        self.steps = steps.Steps(self.build)
         if loading is not None:
             loading.join()
             from . import kernels
 
             self.build.vector_side.kernels = kernels
-            self.steps = steps.CompiledSteps(self.build, kernels)
 
     def close(self) -> None:
         """Let go of the build (an `index` run may then remove it once it is no longer current)."""
@@ -277,7 +274,7 @@ class Retriever:
         cross node); every retrievable node the walk reached is scored by sqrt(walk) x similarity
         to the question (its cosine, computed for the reached nodes, through `cosines` where given:
         a question's second round reuses the first's) and the quota best of each type are
-        kept (the same rule as numpy here or as kernels.select_walk when compiled). R nodes, never
+        kept. R nodes, never
         embedded, take the mean similarity of the reached embedded nodes at half weight, on one
         scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes. A unit holding a value of the

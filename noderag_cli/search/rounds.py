@@ -90,7 +90,7 @@ def bridge_candidates(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarra
     """The entities (N rows, sorted) named by the units of the first `chunks` chunks that the `best`
     units (in rank order) come from, less those in `exclude` (sorted) and those no unit outside
     those chunks names: they lead nowhere new. An entity with more than `CROWDED` edges surely is
-    named elsewhere, and its edges are not gathered. (`kernels.bridge_candidates` gives the same.)"""
+    named elsewhere, and its edges are not gathered."""
     if chunks <= 0 or not len(best):
         return np.zeros(0, np.int64)
     chunk_rows, owner = _neighbours_of_type(walk, codes, best, TYPE_CODE["T"])

@@ -55,8 +55,9 @@ class Session:
         self.close()
 
 COMPILED_FROM_QUESTIONS = 1000
-"""Questions in one process from which the search's compiled kernels pay for their ~0.7 s load
-(they save about half a millisecond per question); the CLI opens smaller batches without them."""
+"""Questions in one process from which the vector side's compiled kernels pay for their load (they
+save about a millisecond per question at 100,000 passages); the CLI opens smaller batches without
+them."""
 
 
 def build_config(generation: Generation, ws: Workspace, config_path: Path | None = None) -> Config:
@@ -82,8 +83,8 @@ def open_workspace(workspace: str | Path, config: Config | None = None, config_p
                    compiled: bool = True) -> Session:
     """Open a workspace's current build for search, without writing anything to it. A config file
     given here that names no embedding section searches with the build's own embedding model; one
-    that names another model is refused. `compiled`: run the walk, the selection and the budget as
-    numba kernels (search/kernels.py), for long-lived sessions; the results are the same either way."""
+    that names another model is refused. `compiled`: scan the vector side with numba kernels
+    (search/kernels.py), for long-lived sessions; the results are the same either way."""
     ws = Workspace(Path(workspace))
     generation = ws.open_generation()
     try:

@@ -1,8 +1,8 @@
-"""The steps of a question that exist twice, as numpy and as compiled kernels (search/kernels.py),
-equal to the bit (tests/test_search_parts.py, tests/test_query.py): the paper's walk, the
-walk_similarity selection, the second round's candidates and the budget. A `Retriever` picks one
-set when it opens: `NumpySteps`, or `CompiledSteps` once the kernels are loaded (~0.7 s, worth it
-from about a thousand questions per process). Everything else a question does is shared."""
+"""The graph steps of a question over a build's arrays: the paper's walk, the walk_similarity
+selection, the second round's candidates and the budget. One implementation, in numpy: compiled
+twins of these steps were within 3% of it at 100,000 passages (docs/benchmarks-scale.md), so they
+cost every search change twice for nothing; only the vector side's scans keep compiled kernels
+(search/kernels.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import SearchConfig
 from ..graph import row_entries
-from ..node_types import MAX_RETRIEVABLE_CODE, QUOTA_SETTINGS, TYPE_CODE
+from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE
 from . import context, rounds
 from .build import Build
 from .ppr import WalkMatrix, shallow_ppr
@@ -38,7 +38,7 @@ def led(build: Build, support: np.ndarray, codes: np.ndarray, is_entry: np.ndarr
     return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
 
-class NumpySteps:
+class Steps:
     def __init__(self, build: Build):
         self.build = build
 
@@ -70,32 +70,3 @@ class NumpySteps:
         b = self.build
         return context.fit_budget(rows, relevance, b.tokens, params.budget_tokens, keys=b.sentence_keys,
                                   documents=(b.doc_indptr, b.doc_codes), diversity=params.document_diversity)
-
-
-class CompiledSteps:
-    def __init__(self, build: Build, kernels):
-        self.build, self.kernels = build, kernels
-
-    def walk(self, walk: WalkMatrix, entries: np.ndarray, start: np.ndarray, params: SearchConfig):
-        return self.kernels.ppr_paper(walk.indptr, walk.indices, walk.weights, walk.inverse, entries, start,
-                                      params.ppr_alpha, params.ppr_iterations,
-                                      self.build.scratch("walk", walk.n, np.float64), params.ppr_min_mass)
-
-    def select_walk(self, support, mass, entries, start, params: SearchConfig, codes, similarity,
-                    relation_similarity) -> tuple[np.ndarray, np.ndarray]:
-        quotas = np.array([getattr(params, setting) for setting in QUOTA_SETTINGS], np.int64)  # by type code
-        return self.kernels.select_walk(support, mass, entries, start, params.ppr_alpha, codes, similarity,
-                                        relation_similarity, self.build.leads_indptr, self.build.leads_indices,
-                                        quotas, params.cross_a, params.chunk_weight)
-
-    def bridge_candidates(self, walk: WalkMatrix, best: np.ndarray, exclude: np.ndarray, chunks: int) -> np.ndarray:
-        b = self.build
-        return self.kernels.bridge_candidates(walk.indptr, walk.indices, b.type_codes, b.doc_indptr, b.doc_codes,
-                                              best, chunks, exclude, rounds.CROWDED, b.scratch("marks", walk.n, np.int8))
-
-    def fit_budget(self, rows: np.ndarray, relevance: np.ndarray, params: SearchConfig) -> np.ndarray:
-        b = self.build
-        return self.kernels.fit_budget(rows, relevance, b.tokens, params.budget_tokens, b.key_indptr, b.key_ids,
-                                       b.scratch("keys", b.key_count, bool), b.doc_indptr, b.doc_codes,
-                                       b.scratch("documents", len(b.document_names), np.int64),
-                                       context.diversity_powers(params.document_diversity, len(rows)))
