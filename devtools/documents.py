@@ -242,20 +242,23 @@ def write_pdf_bomb(path: Path, expanded_mb: int) -> None:
                               b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream"])
 
 
-def write_pdf_runs(path: Path, runs: int) -> None:
-    """A one-page PDF of `runs` text runs, each its own positioned word: text extraction on such a
-    page grows faster than the runs (PDFium)."""
+def write_pdf_runs(path: Path, runs: int, pages: int = 1) -> None:
+    """A PDF of `pages` pages of `runs` text runs each, each run its own positioned word: text
+    extraction on such a page grows faster than the runs (PDFium); more pages make a read longer
+    without a longer line."""
     import zlib
 
     body = b"BT /F1 6 Tf " + b"".join(b"1 0 0 1 %d %d Tm (w%d) Tj " % (10 + i % 90 * 6, 10 + i // 90 % 120 * 6, i % 10)
                                        for i in range(runs)) + b"ET"
     stream = zlib.compress(body, 6)
-    _write_pdf_objects(path, [b"<< /Type /Catalog /Pages 2 0 R >>",
-                              b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-                              b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-                              b"/Resources << /Font << /F1 5 0 R >> >> >>",
-                              b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
-                              b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"])
+    font = 3 + 2 * pages
+    kids = b" ".join(b"%d 0 R" % (3 + 2 * page) for page in range(pages))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages)]
+    for page in range(pages):
+        objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+                    b"/Resources << /Font << /F1 %d 0 R >> >> >>" % (4 + 2 * page, font),
+                    b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream"]
+    _write_pdf_objects(path, [*objects, b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"])
 
 
 def _write_pdf_objects(path: Path, objects: list[bytes]) -> None:

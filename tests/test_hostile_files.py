@@ -195,7 +195,7 @@ def test_a_worker_killed_while_reading_costs_that_document_only(tmp_path):
     docs.mkdir()
     for number in range(8):
         make.write_pdf(docs / f"report{number}.pdf", f"Report {number}", make.sections(number, 3))
-    make.write_pdf_runs(docs / "victim.pdf", 200_000)  # read for a second or more: time to be seen open
+    make.write_pdf_runs(docs / "victim.pdf", 200_000, pages=6)  # read for seconds: time to be seen working
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_slow_readers_workers, args=(stop, killed), daemon=True)
     watcher.start()
@@ -219,7 +219,7 @@ def test_a_worker_killed_once_is_replaced_and_nothing_is_lost(tmp_path):
     docs.mkdir()
     for number in range(6):
         make.write_pdf(docs / f"report{number}.pdf", f"Report {number}", make.sections(number, 3))
-    make.write_pdf_runs(docs / "slow.pdf", 200_000)
+    make.write_pdf_runs(docs / "slow.pdf", 200_000, pages=6)
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_slow_readers_workers, args=(stop, killed, True), daemon=True)
     watcher.start()
