@@ -313,8 +313,8 @@ def test_gc_removes_a_deleted_documents_entries_and_the_next_index_repays_nothin
     kept = len(cache_values(workspace, skip=("scan",)))
 
     with api.open_workspace(workspace) as session:  # a query holds the build while the next gc runs
-        shutil.rmtree(workspace / "stages")  # every stage runs again, from the cache
-        rebuilt = index(workspace, docs, "--exact").json()
+        shutil.rmtree(workspace / "stages")  # every stage runs again, from the cache; assemble's inputs come
+        rebuilt = index(workspace, docs, "--exact", "--rebuild").json()  # back the same: --rebuild runs it too
         assert all(not info["skipped"] for info in rebuilt["stages"].values())
         assert noderag("gc", workspace, "--json").json()["held_generations"]  # the query's build stays
         assert session.retrieve("Who founded the Sound Maritime Society?").nodes

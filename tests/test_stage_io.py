@@ -12,7 +12,14 @@ from conftest import SAMPLE_CORPUS
 
 from noderag_cli import api
 from noderag_cli.index import pipeline
-from noderag_cli.index.outputs import CHUNKS, DECOMPOSE_NODES, EDGE_OUTPUTS, NODE_OUTPUTS
+from noderag_cli.index.outputs import (
+    CHUNK_IDS,
+    CHUNKS,
+    DECOMPOSE_EDGES,
+    DECOMPOSE_NODES,
+    EDGE_OUTPUTS,
+    NODE_OUTPUTS,
+)
 from noderag_cli.index.pipeline import decide, fingerprint
 from noderag_cli.index.stages import BY_NAME, STAGES, Stage, UndeclaredInput
 from noderag_cli.index.state import StageEntry
@@ -31,15 +38,16 @@ def test_a_read_the_stage_did_not_declare_stops_the_run(tmp_path, monkeypatch):
         api.index(tmp_path / "ws", corpus)
 
 
-def test_a_new_stage_is_rerun_when_an_input_it_declares_changes(tmp_path):
-    """No second list: a stage's declared inputs are what its fingerprint watches."""
-    extra = Stage("extra", lambda run: {}, inputs=(CHUNKS, DECOMPOSE_NODES))
-    assert extra.upstream == ("chunk", "decompose")
+def test_a_new_stage_is_rerun_when_a_file_it_declares_changes_and_only_then(tmp_path):
+    """No second list: a stage's declared inputs are what its fingerprint watches, file by file."""
+    extra = Stage("extra", lambda run: {}, inputs=(CHUNK_IDS, DECOMPOSE_NODES))
     ws = Workspace(tmp_path / "ws")
-    before = {"chunk": "a", "decompose": "b"}
+    before = {CHUNKS: "c", CHUNK_IDS: "i", DECOMPOSE_NODES: "n", DECOMPOSE_EDGES: "e"}
     entry = StageEntry("done", fingerprint(extra, "s", before, ""), "s", outputs=None)
-    assert decide(ws, extra, entry, "s", {"chunk": "a2", "decompose": "b"}, "").reason == "its inputs changed"
-    assert decide(ws, extra, entry, "s", {"chunk": "a", "decompose": "b2"}, "").reason == "its inputs changed"
+    assert decide(ws, extra, entry, "s", {**before, CHUNK_IDS: "i2"}, "").reason == "its inputs changed"
+    assert decide(ws, extra, entry, "s", {**before, DECOMPOSE_NODES: "n2"}, "").reason == "its inputs changed"
+    unread = decide(ws, extra, entry, "s", {**before, CHUNKS: "c2", DECOMPOSE_EDGES: "e2"}, "")
+    assert unread.reason != "its inputs changed"  # files of the same stages that it does not read
 
 
 def test_every_node_and_edge_table_is_embedded_and_assembled():

@@ -34,7 +34,17 @@ from ..node_types import NODE_TYPES
 from ..search.prepare import prepare
 from ..workspace import Workspace
 from . import anchor
-from .outputs import ASSIGNMENTS, CHUNKS, DOCUMENTS, EDGE_OUTPUTS, NODE_OUTPUTS, VECTOR_IDS, VECTORS, Reads
+from .outputs import (
+    ASSIGNMENTS,
+    CHUNK_IDS,
+    CHUNKS,
+    DOCUMENTS,
+    EDGE_OUTPUTS,
+    NODE_OUTPUTS,
+    VECTOR_IDS,
+    VECTORS,
+    Reads,
+)
 
 
 def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
@@ -86,7 +96,7 @@ def counts(nodes: pa.Table, edges: pa.Table) -> dict:
 def anchor_counts(ws: Workspace) -> dict:
     """How far this build is from its anchor (anchor.py): the share of the chunks changed since the
     last full build, and the summaries kept although their texts changed since they were written."""
-    chunks = CHUNKS.read(ws, ["chunk_id"])["chunk_id"]
+    chunks = CHUNK_IDS.read(ws)["chunk_id"]
     since = anchor.FILES[anchor.ANCHOR_CHUNKS].read(ws)["chunk_id"]
     stale = {name: int(pc.sum(anchor.FILES[file].read(ws, ["stale"])["stale"]).as_py() or 0)
              for name, file in (("stale_attributes", anchor.ATTRIBUTE_SUMMARIES),

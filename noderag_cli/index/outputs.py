@@ -34,6 +34,7 @@ FAILURES = "failures.parquet"
 
 DOCUMENTS = Output("chunk", "documents.parquet")
 CHUNKS = Output("chunk", "chunks.parquet")
+CHUNK_IDS = Output("chunk", "chunk_ids.parquet")  # the chunks' ids alone, sorted: a rename leaves it as it is
 
 DECOMPOSE_NODES = Output("decompose", NODES)
 DECOMPOSE_EDGES = Output("decompose", EDGES)

@@ -1,9 +1,9 @@
 """Runs the indexing stages in order, each checkpointed in the manifest.
 
-Each stage is one `Stage` record in `STAGES`: its name, the files of other stages it reads
-(its inputs, handles from outputs.py; the stages it depends on follow from them), the config
-sections its output depends on, the engine task it spends, its output files and its function. A stage is skipped when its fingerprint (its settings, the engine, and the digests of
-the upstream outputs it reads) matches the last committed run, its outputs are on disk with the
+Each stage is one `Stage` record in `STAGES`: its name, the files of earlier stages it reads
+(its inputs, handles from outputs.py), the config sections its output depends on, the engine
+task it spends, its output files and its function. A stage is skipped when its fingerprint (its
+settings, the engine, and the checksums of the files it reads) matches the last committed run, its outputs are on disk with the
 digest recorded, and it left no failed items (`decide`, which `index --dry-run` asks too);
 otherwise it runs, commits its outputs atomically, and only then is marked done. Since every
 stage is a pure function of its inputs (caches only save work: chunking, decompositions, token
@@ -40,6 +40,7 @@ from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, Workspace
 from . import assemble
+from .outputs import Output
 from .scan import keep_last_content, remember
 from .scan import scan as scan_files
 from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
@@ -86,14 +87,23 @@ def _settings(config: Config, engine_identity: dict, stage: Stage) -> dict:
     return sections
 
 
+def output_digests(stage: Stage, entry: StageEntry) -> dict[Output, str | None]:
+    """The checksum of each output of a stage that is done, as its run recorded it (one recorded
+    before per-file checksums: the digest of them all, for each)."""
+    return {output: (entry.files or {}).get(output.file, entry.outputs) for output in stage.outputs}
+
+
 def settings_digest(config: Config, engine_identity: dict, stage: Stage) -> str:
     own = {"stage_version": stage.version} if stage.version else {}
     return json_digest({"version": STAGE_VERSION, "settings": _settings(config, engine_identity, stage), **own})
 
 
-def fingerprint(stage: Stage, settings: str, upstream_digests: dict[str, str], scan_digest: str) -> str:
+def fingerprint(stage: Stage, settings: str, input_digests: dict[Output, str], scan_digest: str) -> str:
+    """What a stage's result depends on: its settings, the checksum of each file it reads (its
+    declared inputs: a file of an earlier stage that it does not read does not re-run it), and for
+    the chunk stage the scan of the input folder."""
     return json_digest({"stage": stage.name, "settings": settings,
-                        "upstream": [upstream_digests[u] for u in stage.upstream],
+                        "inputs": [input_digests[o] for o in stage.inputs],
                         "scan": scan_digest if stage.reads_input else None})
 
 
@@ -154,11 +164,11 @@ class Decision:
     fingerprint: str | None = None
 
 
-def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str, upstream: dict[str, str | None],
+def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str, upstream: dict[Output, str | None],
            scan_digest: str, rebuild: bool = False) -> Decision:
     """Whether a stage must run: the one rule for `index` and `index --dry-run`. `upstream`
-    holds the digests of the upstream outputs, None for one that is about to be rewritten (the
-    dry-run's case: then a stage whose other inputs match may still find its inputs unchanged).
+    holds the checksum of each earlier stage's output, None for one that is about to be rewritten
+    (the dry-run's case: then a stage whose other inputs match may still find its inputs unchanged).
     `rebuild` (`index --rebuild`): the stages that keep work against the anchor run."""
     if entry is None or not entry.done:
         return Decision(True, "interrupted before" if entry is not None and entry.state == RUNNING else "not run yet")
@@ -166,7 +176,7 @@ def decide(ws: Workspace, stage: Stage, entry: StageEntry | None, settings: str,
         return Decision(True, "its settings changed")
     if entry.failures:
         return Decision(True, f"retry {entry.failures} failed item(s)")
-    if any(upstream.get(u) is None for u in stage.upstream):
+    if any(upstream.get(o) is None for o in stage.inputs):
         return Decision(True, "its inputs may change (cached work is reused)")
     expected = fingerprint(stage, settings, upstream, scan_digest)
     if entry.fingerprint != expected:
@@ -236,7 +246,7 @@ def run_pipeline(
     atomic_write_bytes(ws.config_path, config_to_yaml(config, commented=True).encode())
     config = run_config(config, exact)
 
-    digests: dict[str, str] = {}
+    digests: dict[Output, str | None] = {}
     engine_log = logging.getLogger("noderag.llm")  # the engine's lines (its waits on the server) into noderag.log
     level = engine_log.level
     engine_log.setLevel(logging.INFO)
@@ -273,7 +283,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         entry = manifest.entry(stage.name)
         decision = decide(ws, stage, entry, settings, digests, scan, rebuild)
         if not decision.run:
-            digests[stage.name] = entry.outputs
+            digests.update(output_digests(stage, entry))
             reporter.stage_finished(stage.name, 0.0, skipped=True)
             result.stages[stage.name] = {"skipped": True, "seconds": entry.seconds}
             log.info("stage %s unchanged, skipped", stage.name)
@@ -304,7 +314,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         info["peak_rss_mb"] = _peak_memory_mb()
         recorded = {output.file: file_digest(output.path(ws)) for output in stage.outputs}
         digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
-        digests[stage.name] = digest
+        digests.update({output: recorded[output.file] for output in stage.outputs})
         kill_point(stage.name, "commit")
         llm = _delta(before, engine.stats, stage.task)
         if llm and engine.price_known is False:  # never a made-up zero

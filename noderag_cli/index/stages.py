@@ -45,6 +45,7 @@ from .outputs import (
     ATTRIBUTE_FAILURES,
     ATTRIBUTE_NODES,
     ATTRIBUTE_SUMMARIES,
+    CHUNK_IDS,
     CHUNKS,
     COMMUNITY_EDGES,
     COMMUNITY_FAILURES,
@@ -104,7 +105,7 @@ class StageRun:
     def load_anchor(self) -> tuple[anchor.Anchor | None, str]:
         """The anchor an anchored stage keeps its work against, or None and why it builds in full
         (`anchor.load`)."""
-        chunk_ids = self.read(CHUNKS, ["chunk_id"])["chunk_id"].combine_chunks()
+        chunk_ids = self.read(CHUNK_IDS)["chunk_id"].combine_chunks()
         return anchor.load(self.anchor_from or self.ws, self.config.index, chunk_ids, self.rebuild)
 
     def input_path(self, output: Output) -> Path:
@@ -199,12 +200,6 @@ class Stage:
         if any(o.stage != self.name for o in self.outputs):
             raise ValueError(f"stage {self.name} declares an output of another stage")
 
-    @property
-    def upstream(self) -> tuple[str, ...]:
-        """The stages whose outputs it reads, in the order its inputs name them: their outputs'
-        digests are in its fingerprint."""
-        return tuple(dict.fromkeys(o.stage for o in self.inputs))
-
     def output(self, name: str) -> Output:
         for output in self.outputs:
             if output.file == name:
@@ -237,6 +232,7 @@ def _chunk(run: StageRun) -> dict:
     run.ws.cache.touch(SCAN, [f.scan_key for f in run.files if f.scan_key])  # kept by `noderag gc`
     run.write(DOCUMENTS.file, documents)
     run.write(CHUNKS.file, chunks)
+    run.write(CHUNK_IDS.file, anchor.chunks_table(chunks["chunk_id"]))
     failed = documents.filter(pc.equal(documents["status"], "failed"))
     for path, reason in zip(failed["path"].to_pylist(), failed["reason"].to_pylist(), strict=True):
         run.reporter.warn(f"could not read {path}: {reason}")
@@ -276,7 +272,7 @@ def _attributes(run: StageRun) -> dict:
     run.embedder.embed(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
     run.write(ATTRIBUTE_SUMMARIES.file, summaries)
-    anchor_chunks = kept_against.chunks if kept_against else run.read(CHUNKS, ["chunk_id"])["chunk_id"]
+    anchor_chunks = kept_against.chunks if kept_against else run.read(CHUNK_IDS)["chunk_id"]
     run.write(ANCHOR_CHUNKS.file, anchor.chunks_table(anchor_chunks))
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed, **_anchor_info(kept_against, why, summaries)}
 
@@ -395,26 +391,28 @@ def _previous_neighbours(path: Path, signature: dict) -> pa.Table | None:
     return table if metadata.get(b"noderag") == json.dumps(signature, sort_keys=True).encode() else None
 
 
-ASSEMBLED = (CHUNKS, DOCUMENTS, *NODE_OUTPUTS, ASSIGNMENTS, ATTRIBUTE_SUMMARIES, ANCHOR_CHUNKS, COMMUNITY_SUMMARIES,
+ASSEMBLED = (CHUNKS, CHUNK_IDS, DOCUMENTS, *NODE_OUTPUTS, ASSIGNMENTS, ATTRIBUTE_SUMMARIES, ANCHOR_CHUNKS, COMMUNITY_SUMMARIES,
              SEMANTIC_CENTROIDS, VECTOR_IDS, VECTORS, SIMILARITY_CENTROIDS, *EDGE_OUTPUTS)
 """What assemble reads: the graph, its documents and vectors, and the anchor's files (anchor.FILES)."""
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=(DOCUMENTS, CHUNKS), reads_input=True),
+    Stage("chunk", _chunk, settings=("chunk", "readers"), outputs=(DOCUMENTS, CHUNKS, CHUNK_IDS), reads_input=True,
+          version=1),
     Stage("decompose", _decompose, inputs=(CHUNKS,), settings=("engine",), task="decompose",
           outputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, DECOMPOSE_FAILURES, OCCURRENCES, LINKS)),
-    Stage("attributes", _attributes, inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, CHUNKS),
+    Stage("attributes", _attributes, inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, CHUNK_IDS),
           settings=("engine", "graph", "index"), task="attributes",
           outputs=(ATTRIBUTE_NODES, ATTRIBUTE_EDGES, ATTRIBUTE_FAILURES, ATTRIBUTE_SUMMARIES, ANCHOR_CHUNKS),
           anchored=True),
-    Stage("communities", _communities, inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, ATTRIBUTE_NODES, ATTRIBUTE_EDGES, CHUNKS),
+    Stage("communities", _communities,
+          inputs=(DECOMPOSE_NODES, DECOMPOSE_EDGES, ATTRIBUTE_NODES, ATTRIBUTE_EDGES, CHUNK_IDS),
           settings=("engine", "graph", "embedding", "index"), task="community_elements",
           outputs=(COMMUNITY_NODES, COMMUNITY_EDGES, ASSIGNMENTS, COMMUNITY_FAILURES, COMMUNITY_SUMMARIES,
                    SEMANTIC_CENTROIDS), anchored=True),
     Stage("text", _text, inputs=(CHUNKS, DECOMPOSE_NODES), outputs=(TEXT_NODES, TEXT_EDGES)),
     Stage("embed", _embed, inputs=NODE_OUTPUTS, settings=("embedding",), outputs=(VECTOR_IDS, VECTORS)),
-    Stage("similarity", _similarity, inputs=(VECTOR_IDS, VECTORS, CHUNKS),
+    Stage("similarity", _similarity, inputs=(VECTOR_IDS, VECTORS, CHUNK_IDS),
           settings=("embedding", "similarity", "graph", "index"),
           outputs=(NEIGHBOURS, SIMILARITY_CENTROIDS, SIMILARITY_EDGES), anchored=True),
     Stage("assemble", _assemble, inputs=ASSEMBLED, settings=("config",), version=prepare.VERSION, anchored=True),

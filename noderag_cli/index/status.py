@@ -15,7 +15,7 @@ from ..generation import repair_hint
 from ..node_types import NODE_TYPES
 from ..workspace import Workspace
 from .chunk import document_chunks
-from .pipeline import damaged_outputs, decide, run_config, scan_digest_of, settings_digest
+from .pipeline import damaged_outputs, decide, output_digests, run_config, scan_digest_of, settings_digest
 from .run import Reading, workspace_config
 from .scan import scan
 from .stages import STAGES
@@ -130,12 +130,12 @@ def plan(workspace: str | Path, input_folder: str | Path, config_path: Path | No
     engine_identity = identity(config.llm)
     scan_digest = scan_digest_of(files)
     stages: dict[str, str] = {}
-    digests: dict[str, str | None] = {}
+    digests: dict = {}
     for stage in STAGES:
         entry = manifest.entry(stage.name)
         decision = decide(ws, stage, entry, settings_digest(config, engine_identity, stage), digests, scan_digest,
                           rebuild or manifest.rebuild_pending)
-        digests[stage.name] = None if decision.run else entry.outputs
+        digests.update({o: None for o in stage.outputs} if decision.run else output_digests(stage, entry))
         stages[stage.name] = f"run: {decision.reason}" if decision.run else "skip (unchanged)"
     result = {"workspace": str(ws.root), "input": str(input_folder), "documents": counts,
               "changes": {k: v for k, v in changes.items() if k != "unchanged"},
