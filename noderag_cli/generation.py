@@ -32,7 +32,9 @@ from .files import (
     parquet_bytes,
 )
 
-GENERATION_FORMAT = 1
+GENERATION_VERSION = 1
+"""Of a build's layout (its manifest and which files it holds): a build of another is not read,
+and the next `index` writes one of this (the assemble stage's fingerprint holds it)."""
 READERS_FILE = ".readers"
 
 
@@ -189,7 +191,7 @@ class GenerationWriter:
         """Write the manifest (the files' sizes and checksums, and `meta`); returns the digest that
         identifies this build's contents."""
         contents = json_digest(self.files)
-        manifest = {"format": GENERATION_FORMAT, "name": self.name, "contents": contents, "files": self.files, **meta}
+        manifest = {"format": GENERATION_VERSION, "name": self.name, "contents": contents, "files": self.files, **meta}
         manifest["checksum"] = json_digest(manifest)  # of itself: a flipped bit in a recorded checksum is found too
         atomic_write_bytes(self.folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         fsync_dir(self.folder)

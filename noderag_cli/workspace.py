@@ -53,7 +53,7 @@ from .files import (
     fsync_dir,
     json_digest,
 )
-from .generation import READERS_FILE, Generation, GenerationWriter, damaged, repair_hint
+from .generation import GENERATION_VERSION, READERS_FILE, Generation, GenerationWriter, damaged, repair_hint
 
 FORMAT_VERSION = 1
 CACHE_FILE = "cache.sqlite"
@@ -411,6 +411,11 @@ class Workspace:
                     os.close(fd)
                 raise damaged(folder / "manifest.json", self.root, "its checksum of itself differs",
                               repair_hint(self.root, self._input()))
+            if manifest.get("format") != GENERATION_VERSION:
+                if fd is not None:
+                    os.close(fd)
+                raise damaged(folder / "manifest.json", self.root, f"a build of format {manifest.get('format')}, "
+                              f"this noderag reads {GENERATION_VERSION}", repair_hint(self.root, self._input()))
             manifest.setdefault("input", self._input())
             generation = Generation(self.root, name, folder, manifest, fd)
             try:

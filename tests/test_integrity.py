@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SAMPLE_CORPUS, assert_same_tables, copy_workspace, index, noderag
+from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspace, index, noderag
 
 from noderag_cli import api
 from noderag_cli.index.stages import STAGES
@@ -163,6 +163,30 @@ def test_a_damaged_manifest_is_rebuilt_by_index(small, tmp_path):
     assert "kept as manifest.json.damaged-" in run.stderr
     assert_same_tables(ws, pristine)
     assert noderag("stats", ws, "--verify").returncode == 0
+
+
+def test_a_build_of_another_format_is_refused_and_index_writes_one_of_this(small, tmp_path):
+    """A build written by a noderag whose build layout differs: query and stats name its manifest
+    and the command that repairs it; that `index` publishes a build this noderag reads."""
+    from noderag_cli.files import json_digest
+    from noderag_cli.generation import GENERATION_VERSION
+
+    folder, pristine = small
+    ws = copy_workspace(pristine, tmp_path / "ws")
+    manifest_path = build_file(ws, "manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest.pop("checksum")
+    manifest["format"] = GENERATION_VERSION + 1
+    manifest["checksum"] = json_digest(manifest)
+    manifest_path.write_text(json.dumps(manifest))
+    for run in (noderag("query", ws, QUESTION), noderag("stats", ws)):
+        assert run.returncode != 0
+        _one_line(run)
+        assert f"a build of format {GENERATION_VERSION + 1}, this noderag reads {GENERATION_VERSION}" in run.stderr
+        assert f"`noderag index {ws} --input {folder}`" in run.stderr
+    index(ws, folder)
+    assert noderag("query", ws, QUESTION).returncode == 0
+    assert_same_tables(ws, pristine)
 
 
 def test_a_damaged_cache_is_salvaged_by_index(small, tmp_path):

@@ -34,6 +34,7 @@ from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..executor import Executor
 from ..files import atomic_write_with, file_digest, write_parquet
+from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, merge_edges
 from ..search import prepare
 from ..workspace import EDGES, NODES, Workspace
@@ -194,7 +195,7 @@ class Stage:
     # returns the generation's contents digest as "outputs_digest", which saves hashing it again)
     reads_input: bool = False  # its fingerprint includes the scan of the input folder
     anchored: bool = False  # keeps its work against the last full build in an incremental update (anchor.py)
-    version: int = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
+    version: int | tuple[int, ...] = 0  # of its own definition, beside STAGE_VERSION: a change re-runs it alone
 
     def __post_init__(self):
         if any(o.stage != self.name for o in self.outputs):
@@ -415,7 +416,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("similarity", _similarity, inputs=(VECTOR_IDS, VECTORS, CHUNK_IDS),
           settings=("embedding", "similarity", "graph", "index"),
           outputs=(NEIGHBOURS, SIMILARITY_CENTROIDS, SIMILARITY_EDGES), anchored=True),
-    Stage("assemble", _assemble, inputs=ASSEMBLED, settings=("config",), version=prepare.VERSION, anchored=True),
+    Stage("assemble", _assemble, inputs=ASSEMBLED, settings=("config",),
+          version=(prepare.VERSION, GENERATION_VERSION), anchored=True),
 )
 
 
