@@ -71,12 +71,14 @@ def retrieval_section(data: Path, work: Path, rounds: int) -> list[str]:
             summary.append((dataset, budget, node["answer_containment"] - naive["answer_containment"],
                             node["support_recall"] - naive["support_recall"], node["latency_median_ms"],
                             node["latency_median_ms"] / naive["latency_median_ms"]))
-    lines += ["", "Targets (issue 5): NodeRAG at least 5 points above plain vector search on answer containment and "
-              "support recall at both budgets on both sets; latency median under 20 ms and at most 5x plain vector search.",
+    lines += ["", "Targets (issue 5, its latency in absolute terms since issue 39): NodeRAG at least 5 points above plain "
+              "vector search on answer containment and support recall at both budgets on both sets; latency median under "
+              "20 ms (the ratio to plain search is shown, no longer a target; at 100,000 passages retrieval p50 at most "
+              "10 ms, docs/benchmarks-scale.md).",
               "", "| set | budget | containment gain (points) | recall gain (points) | NodeRAG median ms | ratio to plain search | all targets met |",
               "|---|---|---|---|---|---|---|"]
     for dataset, budget, dc, dr, ms, ratio in summary:
-        met = dc >= 0.05 and dr >= 0.05 and ms < 20 and ratio <= 5
+        met = dc >= 0.05 and dr >= 0.05 and ms < 20
         lines.append(f"| {dataset} | {budget} | {dc * 100:+.1f} | {dr * 100:+.1f} | {ms:.2f} | {ratio:.1f}x | {'yes' if met else 'no'} |")
     return lines
 
