@@ -142,7 +142,7 @@ def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int
              "the answer's short answer holds it, and its exact match and token F1 (SQuAD's). MCP text: the tokens of "
              "what an agent reads from `noderag mcp`'s search (mcp_server.reading) over the context's tokens, median "
              "over questions (target about 1.3 at most). Latency: "
-             f"retrieval only, median of {rounds} rounds per question, then over questions, compiled kernels.", "",
+             f"retrieval only, median of {rounds} rounds per question, then over questions, the API's default opening (the vector side's kernels loaded).", "",
              "| set | budget | search | hops 1 / 2 / 3 / 4 | all gold | answer containment | support recall | "
              "latency p50 ms | offline answer | short answer | MCP text |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios, spread = [], []
