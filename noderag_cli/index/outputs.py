@@ -1,9 +1,9 @@
 """Every file an indexing stage writes, declared once as a handle: (the stage, the file name).
 
 A stage's outputs are its handles, and its inputs are the handles its code reads (stages.py):
-the stages it depends on, which decide when it must run again (pipeline.decide), are derived from
-them, so a stage cannot read a file its reuse check does not watch (`StageRun.read` refuses a
-handle the stage did not declare). Code outside a stage (the build, `stats`, `status`) reads
+its fingerprint holds the checksum of each input (pipeline.fingerprint), so it runs again when a
+file it reads changes and only then, and it cannot read a file its reuse check does not watch
+(`StageRun.read` refuses a handle the stage did not declare). Code outside a stage (the build, `stats`, `status`) reads
 stage files through these handles too, never by a name of its own.
 """
 
