@@ -93,12 +93,12 @@ def counts(nodes: pa.Table, edges: pa.Table) -> dict:
                       "merged_total": edges.num_rows}}
 
 
-def anchor_counts(ws: Workspace) -> dict:
+def anchor_counts(run: Reads) -> dict:
     """How far this build is from its anchor (anchor.py): the share of the chunks changed since the
     last full build, and the summaries kept although their texts changed since they were written."""
-    chunks = CHUNK_IDS.read(ws)["chunk_id"]
-    since = anchor.FILES[anchor.ANCHOR_CHUNKS].read(ws)["chunk_id"]
-    stale = {name: int(pc.sum(anchor.FILES[file].read(ws, ["stale"])["stale"]).as_py() or 0)
+    chunks = run.read(CHUNK_IDS)["chunk_id"]
+    since = run.read(anchor.FILES[anchor.ANCHOR_CHUNKS])["chunk_id"]
+    stale = {name: int(pc.sum(run.read(anchor.FILES[file], ["stale"])["stale"]).as_py() or 0)
              for name, file in (("stale_attributes", anchor.ATTRIBUTE_SUMMARIES),
                                 ("stale_communities", anchor.COMMUNITY_SUMMARIES))}
     return {"changed_share": round(anchor.changed_share(since.combine_chunks(), chunks.combine_chunks()), 4), **stale}
@@ -138,7 +138,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         for job in written:
             job.result()
     built = counts(nodes, edges)
-    built["anchor"] = anchor_counts(ws)
+    built["anchor"] = anchor_counts(run)
     embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     contents = writer.commit({"embedding": embedding, "counts": built, "query": prepared.meta})
     before_publish()

@@ -205,7 +205,7 @@ class Stage:
         for output in self.outputs:
             if output.file == name:
                 return output
-        raise UndeclaredInput(f"stage {self.name} declares no output {name}")
+        raise ValueError(f"stage {self.name} declares no output {name}")
 
     @property
     def files(self) -> tuple[str, ...]:
