@@ -273,10 +273,9 @@ class Retriever:
         (alpha x its share of the start for an entry point, which would otherwise outrank every
         cross node); every retrievable node the walk reached is scored by sqrt(walk) x similarity
         to the question (its cosine, computed for the reached nodes, through `cosines` where given:
-        a question's second round reuses the first's) and the quota best of each type are
-        kept. R nodes, never
-        embedded, take the mean similarity of the reached embedded nodes at half weight, on one
-        scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
+        a question's second round reuses the first's) and the quota best of each type are kept.
+        R nodes, never embedded, take the mean similarity of the reached embedded nodes at half
+        weight, on one scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes. A unit holding a value of the
         kind the question asks for (`asked`: a date, a number) has its similarity weighed up
         (`context.weigh_asked_kind`)."""
