@@ -66,14 +66,16 @@ class _WordTokens:
         if self._exact is None:
             import json
 
-            tokenizer = _tokenizer()
-            config = json.loads(tokenizer.to_str())
-            normalizers = (config.get("normalizer") or {}).get("normalizers", [])
-            self._exact = (config.get("pre_tokenizer") is None and config["model"]["type"] == "BPE"
+            from tokenizers.models import BPE
+
+            tokenizer = _tokenizer()  # its parts read one by one: serialising it whole costs every process 0.1 s
+            normalizer = json.loads(tokenizer.normalizer.__getstate__()) if tokenizer.normalizer else {}
+            normalizers = normalizer.get("normalizers", [])
+            self._exact = (tokenizer.pre_tokenizer is None and isinstance(tokenizer.model, BPE)
                            and [n.get("type") for n in normalizers] == ["Prepend", "Replace"]
                            and normalizers[0].get("prepend") == "\u2581"
                            and normalizers[1].get("pattern") == {"String": " "} and normalizers[1].get("content") == "\u2581"
-                           and not any(re.search("[^\u2581]\u2581", t) for t in config["model"]["vocab"]))
+                           and re.search("[^\u2581\n]\u2581", "\n".join(tokenizer.get_vocab())) is None)
             self._model = tokenizer.model
         return self._exact
 

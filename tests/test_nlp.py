@@ -19,3 +19,17 @@ def test_a_paragraph_just_under_the_line_limit_is_split_in_one_pass():
     from the start made splitting quadratic (hours for a 900,000-character paragraph)."""
     sentences = split_sentences("Dr. Vannick charted the shoals in 1903. " * 23_000)
     assert len(sentences) == 23_000 and sentences[-1] == "Dr. Vannick charted the shoals in 1903."
+
+
+def test_the_word_memory_gives_the_tokenizers_own_ids():
+    """token_ids tokenizes word by word through a memory only when the tokenizer's configuration
+    allows it (checked at load); its ids must be the tokenizer's on text with runs of spaces, a
+    literal "▁", digits, punctuation and words met twice."""
+    from noderag_cli import nlp
+
+    assert nlp.token_ids._check()  # the bundled tokenizer takes the fast path
+    texts = ["Harlow Ferry was founded in 1903, by the Sound Maritime Society.",
+             "  two  spaces,\ttab and a \u2581 mark; Harlow Ferry again!", "", "naïve café – 3.14 ×2"]
+    expected = [e.ids for e in nlp._tokenizer().encode_batch(texts, add_special_tokens=False)]
+    assert nlp.token_ids(texts) == expected
+    assert nlp.token_ids(texts[:1]) == expected[:1]  # the second time from the memory
