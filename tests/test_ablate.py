@@ -320,16 +320,20 @@ def test_dataset_mode_refuses_a_workspace_indexed_from_other_documents(workspace
     _one_line_error(done, 2, "was indexed from", "give another WORKSPACE")
 
 
-def test_help_lists_every_strategy():
+def test_list_names_every_strategy_with_what_it_changes():
+    import json
     import os
 
-    done = subprocess.run([sys.executable, "-m", "noderag_cli.cli", "ablate", "--help"], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "400"}, timeout=120)
-    assert done.returncode == 0
-    text = " ".join(done.stdout.split())
-    for name in STRATEGIES:
-        assert name in text or (name.startswith("ppr-") and name[4:].isdigit()) or \
-            (name[:-1].endswith("-c") and name[-1] in "12"), name
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "noderag_cli.cli", "ablate", "--list", *extra], capture_output=True,
+                              text=True, env={**os.environ, "COLUMNS": "400"}, timeout=120)
+
+    listed = json.loads(run("--json").stdout)
+    assert [s["name"] for s in listed] == list(STRATEGIES)
+    assert all(s["kind"] and s["description"] for s in listed)
+    lines = run().stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(STRATEGIES)
+    assert STRATEGIES["no-whole-chunks"].description in " ".join(lines)
 
 
 def test_ablation_table_and_markdown_for_the_benchmark(tmp_path):

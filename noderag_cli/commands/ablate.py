@@ -63,7 +63,7 @@ def ablate(
                                               help="the dataset folder (corpus.json, questions.json)")] = None,
     variants: Annotated[str | None, typer.Option(
         "--variants", metavar="NAMES",
-        help="comma-separated strategies (listed above), default all")] = None,
+        help="comma-separated strategies (see --list), default all")] = None,
     budgets: Annotated[str, typer.Option("--budgets", metavar="TOKENS",
                                          help="comma-separated context token budgets")] = "1000,2000,4000",
     out_dir: Annotated[Path, typer.Option("--out", "-o", metavar="FOLDER",
@@ -75,22 +75,23 @@ def ablate(
                                                           "judge (needs an LLM engine)")] = False,
     limit: Annotated[int | None, typer.Option("--limit", metavar="N", help="only the first N questions")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON instead of a table")] = False,
+    list_strategies: Annotated[bool, typer.Option(
+        "--list", help="name every strategy (NodeRAG, its ablations, the baselines, the seed systems) with what "
+                       "it changes, and stop")] = False,
 ) -> None:
     """Run NodeRAG, its ablations and the baselines on every question at every budget; write a table and a plot.
-
-    \b
-    Strategies: noderag, ppr-1 ... ppr-10, ppr-converge, no-cross, graph-vector,
-      no-exact, no-hnsw, with-hnsw, lazy-ppr, paper-rank, uniform-start, one-round,
-      no-diversity, no-whole-chunks, no-asked-kind
-    Baselines: naive, hyde, lightrag-local, lightrag-global, lightrag-hybrid,
-      graphrag-local, graphrag-global, hipporag
-    Seed systems: archrag, archrag-single-layer, archrag-leiden,
-      archrag-entity-only, graphrag-local-c0 ... graphrag-local-c3,
-      graphrag-global-c0 ... graphrag-global-c3
-    """
+    `--list` names the strategies."""
     from ..evaluate import ablate as ablation
 
     json_mode(as_json)
+    if list_strategies:
+        strategies = [{"name": s.name, "kind": s.kind, "description": s.description} for s in ablation.STRATEGIES.values()]
+        if as_json:
+            print_json(strategies)
+        else:
+            for s in strategies:
+                out.print(f"{s['name']:<28} {s['kind']:<9} {s['description']}", markup=False, highlight=False)
+        return
     with progress_bars() as bars:
         progress = _AblateLines() if bars is None else _AblateBars(bars)
         result = run_api(lambda: ablation.run_from_args(
