@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.corpus import sync_folder
 from noderag_cli.index.scan import RECENT_NS
 from noderag_cli.index.stages import STAGE_NAMES
 
@@ -183,20 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print("\n".join(lines))
     return 0
-
-
-def sync_folder(source: Path, target: Path) -> None:
-    """Make `target` hold `source`'s files, writing only those that differ and deleting those gone,
-    as a folder changes in place: the files that stay keep their inode and times."""
-    target.mkdir(parents=True, exist_ok=True)
-    wanted = {p.name for p in source.iterdir()}
-    for path in target.iterdir():
-        if path.name not in wanted:
-            path.unlink()
-    for name in sorted(wanted):
-        data, path = (source / name).read_bytes(), target / name
-        if not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
 
 
 def measure(data: Path, work: Path, runs: int, with_kill: bool) -> list[str]:

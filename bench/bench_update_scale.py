@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.bench_scale import STAGES, candidate_recall, cli, run_measured
-from bench.corpus import DEFAULT_DATA, available, write_corpus
+from bench.corpus import DEFAULT_DATA, available, sync_folder, write_corpus
 from noderag_cli.index.scan import RECENT_NS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,22 +70,6 @@ def folders(data: Path, work: Path, passages: int) -> dict[str, int]:
     return {"base": len(in_base), "changed": len(changed), "deleted": len(deleted), "added": len(added)}
 
 
-def change_in_place(work: Path) -> None:
-    """Make the working folder (a copy of the base) the final folder by writing, adding and
-    deleting only the files that differ."""
-    live, final = work / "live", work / "final"
-    wanted = {p.relative_to(final).as_posix() for p in final.rglob("*.txt")}
-    for path in live.rglob("*.txt"):
-        if path.relative_to(live).as_posix() not in wanted:
-            path.unlink()
-    for name in sorted(wanted):
-        text = (final / name).read_bytes()
-        target = live / name
-        if not target.is_file() or target.read_bytes() != text:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(text)
-
-
 def build_file(workspace: Path, name: str) -> Path:
     return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
 
@@ -115,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "update":
             shutil.rmtree(args.work / workspace, ignore_errors=True)
         else:
-            change_in_place(args.work)
+            sync_folder(args.work / "final", args.work / "live")
         log(f"{name} ...")
         exact = ["--exact"] if args.exact and name == "update" else []
         wall, peak, code, out = run_measured(cli("index", str(args.work / workspace), "--input", str(args.work / folder),

@@ -85,6 +85,22 @@ def write_small_files(data: Path, folder: Path, count: int) -> int:
     return size
 
 
+def sync_folder(source: Path, target: Path) -> None:
+    """Make `target` hold `source`'s files, writing only those that differ and deleting those gone,
+    as a user's folder changes in place (or rsync updates a copy): the files that stay keep their
+    inode and times, so a scan knows them by their size and times."""
+    wanted = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
+    if target.is_dir():
+        for path in [p for p in target.rglob("*") if p.is_file()]:
+            if path.relative_to(target).as_posix() not in wanted:
+                path.unlink()
+    for name in sorted(wanted):
+        data, path = (source / name).read_bytes(), target / name
+        if not path.is_file() or path.read_bytes() != data:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
