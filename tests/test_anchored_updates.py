@@ -232,9 +232,10 @@ def test_an_incremental_update_with_an_llm_asks_less_than_an_exact_one(server, t
     assert asked["incremental"].count("decompose") == asked["exact"].count("decompose") == 2
     assert sum(asked["incremental"].count(t) for t in summaries) < sum(asked["exact"].count(t) for t in summaries)
     assert len(asked["incremental"]) < len(full) / 2
-    # the dry run estimates each mode's update (the estimate decomposes the changed chunks offline)
+    # the dry run estimates each mode's update within 30% (issue 38; an edited chunk stands in as the
+    # model's reply to its earlier text and its new sentences decomposed offline)
     for mode in ("incremental", "exact"):
-        assert len(asked[mode]) <= plans[mode]["total"]["calls"] <= 2 * len(asked[mode]) + 2, (mode, plans[mode])
+        assert abs(plans[mode]["total"]["calls"] - len(asked[mode])) <= 0.3 * len(asked[mode]), (mode, plans[mode])
     assert plans["incremental"]["total"]["calls"] < plans["exact"]["total"]["calls"]
 
     # deterministic with the LLM engine too

@@ -291,10 +291,10 @@ def test_the_dry_run_estimates_what_an_update_will_ask_and_a_community_that_stay
     asked = [task for task, _ in _requests(server)]
     estimated = plan["llm"]["tasks"]
     assert estimated["decompose"]["calls"] == asked.count("decompose") == 1
-    # a changed chunk's reply is unknown before it is asked: the estimate decomposes it offline, so
-    # the entities it names count as changed (an overestimate, safe for a cap; on MuSiQue's corpus
-    # the bench finds 94% of the calls and 127% of the tokens)
-    assert len(asked) <= plan["llm"]["total"]["calls"] <= 2 * len(asked), (estimated, len(asked))
+    # a changed chunk's reply is unknown before it is asked: the estimate takes the model's reply to
+    # its earlier text and decomposes its new sentence offline; within 30% of what the update asks
+    # (issue 38), where decomposing the whole chunk offline changed every summary it reached
+    assert abs(plan["llm"]["total"]["calls"] - len(asked)) <= 0.3 * len(asked), (estimated, asked)
     assert plan["llm"]["total"]["calls"] < fresh_estimate["calls"]  # the cached replies are not counted
 
     # a community whose members (and their texts) stayed asks nothing; each one that changed asks once

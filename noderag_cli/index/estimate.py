@@ -9,8 +9,9 @@ the run would, and not counted; the others are answered by the offline engine, s
 build's graph is the offline one (an LLM-decomposed graph has a similar but not equal number of
 important entities and communities) and an update's is the graph it will have where nothing
 changed. An incremental update's later stages keep their summaries against the workspace's own
-anchor (anchor.py), as the run will, so a summary the run keeps is not counted; an entity or
-community a changed chunk touches is judged on the offline decomposition of that chunk. With
+anchor (anchor.py), as the run will, so a summary the run keeps is not counted; an edited chunk
+stands in as the model's cached reply to its earlier text plus the offline units of its new
+sentences, a new chunk as its offline decomposition. With
 embeddings behind litellm, the texts the build would embed (its chunks and the
 graph's units, attributes and summaries) in batches of embedding.batch_size. Output tokens are
 assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
@@ -19,20 +20,22 @@ assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from .. import nlp
 from ..cache import EMBEDDING
 from ..config import Config, EmbeddingConfig
 from ..embeddings import Embedder
 from ..engines import engine_class
+from ..engines.base import ChunkInput
 from ..engines.offline import OfflineEngine
 from ..engines.transport import SpendingCap
 from ..errors import BadInputError
 from ..executor import Executor
-from ..nlp import count_tokens
 from ..node_types import EMBEDDED_TYPES
 from ..workspace import Workspace
-from .outputs import ATTRIBUTE_NODES, COMMUNITY_NODES, DECOMPOSE_NODES
+from .outputs import ATTRIBUTE_NODES, CHUNKS, COMMUNITY_NODES, DECOMPOSE_NODES
 from .pipeline import run_pipeline
 
 # reply size assumptions: decomposition restates a chunk as units with entities and triples
@@ -44,13 +47,20 @@ class _RecordingEngine(OfflineEngine):
     """The offline engine, keeping the inputs of every task it is given. With `replies` (an LLM
     engine over the workspace's cache), an input whose reply is cached gets that reply, as the run
     would, and only the others are kept (and answered offline): an update's later stages then see
-    the graph the update will see, and the estimate counts what it will ask."""
+    the graph the update will see, and the estimate counts what it will ask.
+
+    An edited chunk (`earlier`: the workspace's chunk at the same place of the same document) is
+    answered with the model's cached reply to its earlier text, plus the offline units of the
+    sentences it did not hold: what the model drew from the text that stayed still stands, where
+    the offline engine's units and entities, worded its own way, would replace every one of them
+    and make each summary they reach look changed."""
 
     pure_decompose = None  # every chunk through `decompose`, to be recorded
 
-    def __init__(self, embedder: Embedder, replies=None):
+    def __init__(self, embedder: Embedder, replies=None, earlier: Callable[[ChunkInput], ChunkInput | None] | None = None):
         super().__init__(embedder)
         self.replies = replies
+        self.earlier = earlier
         self.seen: dict[str, list] = {"decompose": [], "attributes": [], "community_elements": []}
 
     def _answer(self, task: str, items, offline, progress) -> list:
@@ -64,8 +74,36 @@ class _RecordingEngine(OfflineEngine):
             progress(len(items))
         return found
 
+    def _decompose_edited(self, chunks) -> list:
+        """Offline units for new chunks; an edited chunk's: the model's reply to its earlier text
+        and the offline units of its new sentences."""
+        chunks = list(chunks)
+        before = [self.earlier(chunk) if self.earlier else None for chunk in chunks]
+        known = [i for i, chunk in enumerate(before) if chunk is not None]
+        found = self.replies.cached_results("decompose", [before[i] for i in known]) if known else []
+        results: list = [None] * len(chunks)
+        added: list[ChunkInput] = []
+        for i, result in zip(known, found, strict=True):
+            if isinstance(result, list):
+                results[i] = result
+                stayed = set(nlp.split_sentences(before[i].text))
+                new = [s for s in nlp.split_sentences(chunks[i].text) if s not in stayed]
+                added.append(ChunkInput(chunks[i].chunk_id, " ".join(new), chunks[i].title) if new else None)
+        edited = [i for i in known if results[i] is not None]
+        extra = [c for c in added if c is not None]
+        extra_units = iter(super().decompose(extra) if extra else [])
+        for i, chunk in zip(edited, added, strict=True):
+            if chunk is not None:
+                units = next(extra_units)
+                results[i] = results[i] + (units if isinstance(units, list) else [])
+        rest = [i for i, result in enumerate(results) if result is None]
+        for i, result in zip(rest, super().decompose([chunks[i] for i in rest]) if rest else [], strict=True):
+            results[i] = result
+        return results
+
     def decompose(self, chunks, progress=None):
-        return self._answer("decompose", chunks, super().decompose, progress)
+        return self._answer("decompose", chunks, self._decompose_edited if self.replies is not None else
+                            super().decompose, progress)
 
     def attributes(self, items, progress=None):
         return self._answer("attributes", items, super().attributes, progress)
@@ -86,9 +124,10 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
         from ..engines.llm import LiteLLMEngine  # the one engine that asks a model
 
         replies = LiteLLMEngine(config.llm, cache)
-    recorder = _RecordingEngine(Embedder(offline.embedding), replies)
     with tempfile.TemporaryDirectory(prefix="noderag-estimate-") as scratch:
         scratch_ws = Workspace(Path(scratch))
+        recorder = _RecordingEngine(Embedder(offline.embedding), replies,
+                                    _earlier_chunks(ws, scratch_ws) if replies is not None else None)
         scratch_ws.create()
         try:
             run_pipeline(scratch_ws, Path(input_folder), offline, recorder, recorder.embedder, Executor(),
@@ -111,7 +150,7 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
         keys = [embedder.cache_key(text) for text in embedded]
         cached = cache.get_many(EMBEDDING, keys) if cache is not None else {}
         texts = [text for text, key in zip(embedded, keys, strict=True) if key not in cached]
-        tokens = int(sum(count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
+        tokens = int(sum(nlp.count_tokens(texts))) if texts else 0  # the one tokenizer's count, not the provider's
         batch = config.embedding.batch_size
         cost = pricing.price_of(config.embedding.model, tokens, 0, config.embedding.price_per_million_tokens)
         priced["tasks"]["embedding"] = {"calls": -(-len(texts) // batch), "input_tokens": tokens, "output_tokens": 0,
@@ -135,6 +174,31 @@ def estimate_llm(ws: Workspace, input_folder: Path, config: Config, rebuild: boo
                   "cost": money(priced["total"]["cost_usd"])},
         "note": priced.get("note", ""),
     }
+
+
+def _earlier_chunks(ws: Workspace, scratch: Workspace) -> Callable[[ChunkInput], ChunkInput | None]:
+    """For a chunk of this run, the workspace's chunk at the same place (document and ordinal) if
+    its text differs: what the model was asked about that place before. Both chunk tables are read
+    when first needed (the scratch one exists once the chunk stage ran)."""
+    import pyarrow.parquet as pq
+
+    places: dict = {}
+
+    def read(workspace: Workspace) -> list[dict]:
+        path = CHUNKS.path(workspace)
+        return pq.read_table(path, columns=["chunk_id", "doc_id", "ordinal", "title", "text"]).to_pylist() \
+            if path.is_file() else []
+
+    def earlier(chunk: ChunkInput) -> ChunkInput | None:
+        if not places:
+            before = {(c["doc_id"], c["ordinal"]): c for c in read(ws)}
+            places.update({c["chunk_id"]: before.get((c["doc_id"], c["ordinal"])) for c in read(scratch)})
+            places.setdefault("", None)  # read once, even when both are empty
+        old = places.get(chunk.chunk_id)
+        return None if old is None or old["text"] == chunk.text else \
+            ChunkInput(chunk_id=old["chunk_id"], text=old["text"], title=old["title"])
+
+    return earlier
 
 
 def _embedded_texts(scratch: Workspace, recorder: _RecordingEngine) -> list[str]:
