@@ -68,7 +68,7 @@ class _WordTokens:
 
             from tokenizers.models import BPE
 
-            tokenizer = _tokenizer()  # its parts read one by one: serialising it whole costs every process 0.1 s
+            tokenizer = _tokenizer()  # its parts read one by one: serialising it whole slows every start-up
             normalizer = json.loads(tokenizer.normalizer.__getstate__()) if tokenizer.normalizer else {}
             normalizers = normalizer.get("normalizers", [])
             self._exact = (tokenizer.pre_tokenizer is None and isinstance(tokenizer.model, BPE)

@@ -82,7 +82,7 @@ class _RecordingEngine(OfflineEngine):
         known = [i for i, chunk in enumerate(before) if chunk is not None]
         found = self.replies.cached_results("decompose", [before[i] for i in known]) if known else []
         results: list = [None] * len(chunks)
-        added: list[ChunkInput] = []
+        added: list[ChunkInput | None] = []
         for i, result in zip(known, found, strict=True):
             if isinstance(result, list):
                 results[i] = result
