@@ -180,14 +180,19 @@ def _earlier_chunks(ws: Workspace, scratch: Workspace) -> Callable[[ChunkInput],
     """For a chunk of this run, the workspace's chunk at the same place (document and ordinal) if
     its text differs: what the model was asked about that place before. Both chunk tables are read
     when first needed (the scratch one exists once the chunk stage ran)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     places: dict = {}
 
     def read(workspace: Workspace) -> list[dict]:
-        path = CHUNKS.path(workspace)
-        return pq.read_table(path, columns=["chunk_id", "doc_id", "ordinal", "title", "text"]).to_pylist() \
-            if path.is_file() else []
+        """The chunk table's rows; none when it is missing or unreadable (the run itself names a
+        damaged file; the estimate then decomposes those chunks offline)."""
+        try:
+            return pq.read_table(CHUNKS.path(workspace), columns=["chunk_id", "doc_id", "ordinal", "title", "text"]
+                                 ).to_pylist()
+        except (OSError, pa.ArrowException):
+            return []
 
     def earlier(chunk: ChunkInput) -> ChunkInput | None:
         if not places:
