@@ -19,6 +19,7 @@ assumptions per task (OUTPUT_TOKENS), capped by llm.max_output_tokens.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -80,25 +81,22 @@ class _RecordingEngine(OfflineEngine):
         chunks = list(chunks)
         before = [self.earlier(chunk) if self.earlier else None for chunk in chunks]
         known = [i for i, chunk in enumerate(before) if chunk is not None]
-        found = self.replies.cached_results("decompose", [before[i] for i in known]) if known else []
         results: list = [None] * len(chunks)
-        added: list[ChunkInput | None] = []
-        for i, result in zip(known, found, strict=True):
-            if isinstance(result, list):
-                results[i] = result
+        for i, result in zip(known, self.replies.cached_results("decompose", [before[i] for i in known]) if known
+                             else [], strict=True):
+            results[i] = result if isinstance(result, list) else None
+        offline, owners = [], []  # new chunks whole, edited chunks' new sentences: one offline call
+        for i, chunk in enumerate(chunks):
+            if results[i] is not None:
                 stayed = set(nlp.split_sentences(before[i].text))
-                new = [s for s in nlp.split_sentences(chunks[i].text) if s not in stayed]
-                added.append(ChunkInput(chunks[i].chunk_id, " ".join(new), chunks[i].title) if new else None)
-        edited = [i for i in known if results[i] is not None]
-        extra = [c for c in added if c is not None]
-        extra_units = iter(super().decompose(extra) if extra else [])
-        for i, chunk in zip(edited, added, strict=True):
-            if chunk is not None:
-                units = next(extra_units)
-                results[i] = results[i] + (units if isinstance(units, list) else [])
-        rest = [i for i, result in enumerate(results) if result is None]
-        for i, result in zip(rest, super().decompose([chunks[i] for i in rest]) if rest else [], strict=True):
-            results[i] = result
+                new = [s for s in nlp.split_sentences(chunk.text) if s not in stayed]
+                if not new:
+                    continue
+                chunk = ChunkInput(chunk.chunk_id, " ".join(new), chunk.title)
+            offline.append(chunk)
+            owners.append(i)
+        for i, units in zip(owners, super().decompose(offline) if offline else [], strict=True):
+            results[i] = units if results[i] is None else results[i] + (units if isinstance(units, list) else [])
         return results
 
     def decompose(self, chunks, progress=None):
@@ -183,8 +181,6 @@ def _earlier_chunks(ws: Workspace, scratch: Workspace) -> Callable[[ChunkInput],
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    places: dict = {}
-
     def read(workspace: Workspace) -> list[dict]:
         """The chunk table's rows; none when it is missing or unreadable (the run itself names a
         damaged file; the estimate then decomposes those chunks offline)."""
@@ -194,12 +190,13 @@ def _earlier_chunks(ws: Workspace, scratch: Workspace) -> Callable[[ChunkInput],
         except (OSError, pa.ArrowException):
             return []
 
+    @functools.cache
+    def places() -> dict[str, dict | None]:
+        before = {(c["doc_id"], c["ordinal"]): c for c in read(ws)}
+        return {c["chunk_id"]: before.get((c["doc_id"], c["ordinal"])) for c in read(scratch)}
+
     def earlier(chunk: ChunkInput) -> ChunkInput | None:
-        if not places:
-            before = {(c["doc_id"], c["ordinal"]): c for c in read(ws)}
-            places.update({c["chunk_id"]: before.get((c["doc_id"], c["ordinal"])) for c in read(scratch)})
-            places.setdefault("", None)  # read once, even when both are empty
-        old = places.get(chunk.chunk_id)
+        old = places().get(chunk.chunk_id)
         return None if old is None or old["text"] == chunk.text else \
             ChunkInput(chunk_id=old["chunk_id"], text=old["text"], title=old["title"])
 
