@@ -38,6 +38,7 @@ from .commands import index as indexing
 from .commands import query as querying
 from .commands import workspace as upkeep
 from .commands.common import EXIT_INPUT, Command, print_json, say
+from .errors import OutputError
 
 app = typer.Typer(
     help="Build a NodeRAG heterograph from a folder of documents and answer questions from it. "
@@ -99,6 +100,9 @@ def main() -> None:  # pragma: no cover
         code = app(standalone_mode=False, prog_name="noderag")
     except SystemExit as done:
         code = done.code
+    except OutputError as err:  # stdout could not be written: said on stderr, which still can be
+        say("error:", "bold red", str(err))
+        code = err.exit_code
     except Exception as err:
         if not (hasattr(err, "show") and hasattr(err, "exit_code")):  # not one of click's usage errors
             raise
@@ -109,8 +113,11 @@ def main() -> None:  # pragma: no cover
     if not isinstance(code, int):
         code = 0
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # the reader went away, or the error above was already said
+            code = code or 1
     os._exit(code)
 
 

@@ -44,6 +44,10 @@ class WorkerLostError(NoderagError, RuntimeError):
     next run goes on from there."""
 
 
+class OutputError(NoderagError, OSError):
+    """Standard output cannot be written (a full disk, an I/O error): exit 1; the workspace is as it was."""
+
+
 class WorkspaceError(NoderagError, RuntimeError):
     """A workspace that cannot be used as asked (locked, not indexed, damaged, wrong model...): exit 3."""
 

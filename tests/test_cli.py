@@ -363,3 +363,21 @@ def test_a_query_with_an_unreachable_llm_exits_4_at_once(built, tmp_path):
     assert run.returncode == 4, run.stderr
     assert_one_line_error(run, f"cannot reach the LLM server at http://127.0.0.1:{closed}/v1")
     assert elapsed < 5, f"{elapsed:.1f} s"  # refused before litellm is imported, no retries
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [("stats", "{ws}"), ("stats", "{ws}", "--json"), ("ablate", "--list")])
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(tricky, args):
+    """A full disk behind stdout (/dev/full): one `error:` line on stderr and exit 1, no traceback,
+    and the workspace as it was."""
+    import subprocess
+
+    before = build_file(tricky, "nodes.parquet").read_bytes()
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "noderag_cli.cli", *(a.format(ws=tricky) for a in args)],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == \
+        ["error: cannot write the output: No space left on device"], done.stderr
+    assert build_file(tricky, "nodes.parquet").read_bytes() == before

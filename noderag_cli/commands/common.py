@@ -55,13 +55,24 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text)
 
 
+def unwritable(err: OSError) -> OSError:
+    """A failed write to standard output as `OutputError` (one line), but a reader that went away
+    (a closed pipe, `| head`) as it is: the command ends quietly, as Unix tools do."""
+    from ..errors import OutputError
+
+    return err if isinstance(err, BrokenPipeError) else OutputError(f"cannot write the output: {err.strerror or err}")
+
+
 class _Console(Console):
     """Document text verbatim to a pipe or a file, printable to a terminal (`printable`)."""
 
     def print(self, *objects, **kwargs) -> None:
         if self.is_terminal:
             objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
-        super().print(*objects, **kwargs)
+        try:
+            super().print(*objects, **kwargs)
+        except OSError as err:
+            raise unwritable(err) from None
 
 
 console = _Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages and progress
@@ -76,8 +87,11 @@ def print_json(payload, indent: int | None = 2) -> None:
     """JSON on stdout, as is (never through Rich, which would render markup or emoji codes in it).
     The line breaks json leaves raw are escaped so that one record stays one line for any reader."""
     text = json.dumps(payload, ensure_ascii=False, indent=indent).translate(_LINE_BREAKS_JSON_KEEPS)
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except OSError as err:
+        raise unwritable(err) from None
 
 
 def say(label: str, style: str, message: str) -> None:
