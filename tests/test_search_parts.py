@@ -188,3 +188,25 @@ def test_adjacency_sums_match_scipy_bit_for_bit():
         assert got.data.tobytes() == expected.data.astype(np.float64).tobytes()
         if scale == -1.0:  # pairs only b held cancelled, and are gone
             assert len(got.indices) < len(a.indices)
+
+
+def test_id_hashes_give_the_ids_back_and_refuse_other_ids():
+    """The query maps each node id as a uint64 beside its type code; the ids come back exactly
+    (also from a slice of a column, whose bytes start inside its buffer), and an id not of the form
+    `<type>_<16 lower-case hex>` with its own type letter is refused rather than stored wrong."""
+    import pyarrow as pa
+
+    from noderag_cli.search.prepare import id_hashes, node_ids, type_codes_of
+
+    rng = np.random.default_rng(3)
+    ids = sorted({f"{t}_{int(v):016x}" for t in "SNT" for v in rng.integers(0, 2**63, 200, dtype=np.int64)})
+    ids += ["T_0000000000000000", "T_ffffffffffffffff"]
+    column = pa.chunked_array([pa.array(ids[:300]), pa.array(ids[300:])])
+    codes = type_codes_of(pa.array([i[0] for i in ids]))
+    assert node_ids(id_hashes(column, codes), codes) == ids
+    assert node_ids(id_hashes(pa.array(ids).slice(7, 50), codes[7:57]), codes[7:57]) == ids[7:57]
+    assert id_hashes(pa.array([], pa.string()), codes[:0]).dtype == np.uint64
+    for bad, letter in (("S_00000000000000zz", "S"), ("S-0000000000000000", "S"), ("S_000000000000000A", "S"),
+                        ("S_00000", "S"), ("N_0000000000000000", "S")):
+        with pytest.raises(ValueError, match="not <type>_<16 hex>"):
+            id_hashes(pa.array([bad]), type_codes_of(pa.array([letter])))
