@@ -322,3 +322,41 @@ def test_updates_in_place_with_unread_files_equal_fresh_builds(tmp_path):
     index(workspace, corpus, "--config", config)
     index(tmp_path / "fresh-200", corpus, "--config", config)
     assert_same_tables(workspace, tmp_path / "fresh-200")
+
+
+def test_an_update_takes_the_unchanged_nodes_text_structures_from_the_last_build(base, round_one_fresh, tmp_path):
+    """The sentence keys, value kinds and name words of a node depend on its text alone, so the
+    assemble stage takes them from the last build for the nodes whose text is unchanged: the
+    update's files equal a fresh build's, byte for byte, whether the last build's are used or
+    found damaged (then everything is derived again)."""
+    import numpy as np
+
+    from noderag_cli.generation import Generation
+    from noderag_cli.search.prepare import EarlierText, _text_structures, type_codes_of
+
+    structures = [f for f in EarlierText.FILES if f not in ("nodes.parquet", "node_text.arrow")]
+    corpus, workspace = working_copy(base, tmp_path)
+    last_build = build_file(workspace, "nodes.parquet").parent
+    earlier = EarlierText.read(Generation(workspace, last_build.name, last_build,
+                                          json.loads((last_build / "manifest.json").read_text())))
+    assert earlier is not None
+    round_one(corpus)
+    index(workspace, corpus)
+    for name in structures:
+        assert build_file(workspace, name).read_bytes() == build_file(round_one_fresh[1], name).read_bytes(), name
+    nodes = pq.read_table(build_file(workspace, "nodes.parquet"))
+    rows = earlier.rows_of(nodes["id"].combine_chunks(), nodes["text"].combine_chunks())
+    assert (rows >= 0).mean() > 0.8  # most nodes were there unchanged: the cache is what the update used
+    taken, derived = (_text_structures(nodes, type_codes_of(nodes["type"]), e) for e in (earlier, None))
+    assert all(np.array_equal(taken[0][k], derived[0][k]) for k in derived[0]) and taken[1:] == derived[1:]
+
+    # a damaged file of the last build: not built upon, and the update still equals a fresh build
+    corpus, workspace = working_copy(base, tmp_path / "damaged")
+    key_ids = build_file(workspace, "key_ids.npy")
+    data = bytearray(key_ids.read_bytes())
+    data[-1] ^= 0x40
+    key_ids.write_bytes(bytes(data))
+    round_one(corpus)
+    index(workspace, corpus)
+    for name in structures:
+        assert build_file(workspace, name).read_bytes() == build_file(round_one_fresh[1], name).read_bytes(), name

@@ -31,7 +31,7 @@ from ..errors import WorkspaceError
 from ..generation import Generation
 from ..graph import NODE_COLUMNS, NODE_SCHEMA
 from ..node_types import NODE_TYPES
-from ..search.prepare import prepare
+from ..search.prepare import EarlierText, prepare
 from ..workspace import Workspace
 from . import anchor
 from .outputs import (
@@ -127,8 +127,10 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
             writer.link(f"{name}.parquet", run.input_path(output))
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         chunks = run.read(CHUNKS, ["chunk_id", "doc_id", "start", "end", "location"])
-        prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
-                           config.search.clustered_from, chunks, centroids)
+        with open_current(ws) as current:  # a cache: the new build's bytes are the same without it
+            prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
+                               config.search.clustered_from, chunks, centroids,
+                               EarlierText.read(current) if current is not None else None)
         for name, array in prepared.arrays.items():
             writer.array(name, array)
         for name, table in prepared.tables.items():

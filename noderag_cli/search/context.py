@@ -17,6 +17,7 @@ Two steps make the context read as answers need (docs/search.md, "What a reader 
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import re
 from collections.abc import Sequence
@@ -159,16 +160,21 @@ def _fit_diverse(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, bud
     return np.asarray(kept, dtype=np.int64)
 
 
-def sentence_key_ids(texts: Sequence[str], keep: Sequence[bool]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every node's sentence keys as ids, CSR (indptr, ids; int64), and the number of distinct
-    keys: the nodes whose `keep` is false get none. Ids are given in first-seen order over the
-    nodes, each node's keys sorted."""
-    key_id: dict[str, int] = {}
-    ids_of = [[key_id.setdefault(key, len(key_id)) for key in sorted(sentence_keys(text))] if wanted else []
+def sentence_key_ids(texts: Sequence[str], keep: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """Every node's sentence keys as ids (`sentence_key_hash`), CSR (indptr, ids; int64): the nodes
+    whose `keep` is false get none; each node's ids sorted. A node's list depends on its text
+    alone, so an earlier build's lists serve the nodes whose text is unchanged."""
+    ids_of = [sorted(sentence_key_hash(key) for key in sentence_keys(text)) if wanted else []
               for text, wanted in zip(texts, keep, strict=True)]
     indptr = np.r_[0, np.cumsum([len(k) for k in ids_of], dtype=np.int64)].astype(np.int64)
     ids = np.fromiter((k for node in ids_of for k in node), np.int64, int(indptr[-1]))
-    return indptr, ids, len(key_id)
+    return indptr, ids
+
+
+def sentence_key_hash(key: str) -> int:
+    """A sentence key as a signed 64-bit id: two nodes share a sentence when they share an id (a
+    chance collision among 10^7 keys is about 1 in 10^5, and would only drop one node as a repeat)."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")

@@ -20,6 +20,7 @@ from ..nlp import STOPWORDS
 
 _WORDS = re.compile(r"[\w\u00c0-\u024f]+(?:['\u2019.\-][\w\u00c0-\u024f]+)*")
 MAX_NAME_WORDS = 12
+KEY_SEPARATOR = "\x1f"  # between the words of a name's key string
 _POSSESSIVE = re.compile(r"['\u2019]s\b")
 
 
@@ -33,7 +34,7 @@ def _key_hash(words) -> int:
     """64 bits from CRC-32 and Adler-32 of the joined words: two C calls, a fifth of a
     cryptographic hash's cost per lookup. Matches are confirmed on the words themselves, so a
     collision only costs a comparison."""
-    data = "\x1f".join(words).encode("utf-8")
+    data = KEY_SEPARATOR.join(words).encode("utf-8")
     return zlib.crc32(data) << 32 | zlib.adler32(data)
 
 
@@ -56,11 +57,11 @@ class NameIndex:
         self._keys = keys  # "\x1f"-joined word sequences, in hash order
 
     @staticmethod
-    def arrays(names: list[str], rows: np.ndarray) -> tuple[dict[str, np.ndarray], pa.Array]:
-        """The index of `names` (one per row of `rows`): its arrays and its key strings."""
+    def arrays(words_of: list[tuple[str, ...]], rows: np.ndarray) -> tuple[dict[str, np.ndarray], pa.Array]:
+        """The index of the names whose words (`name_words`) are `words_of`, one per row of `rows`:
+        its arrays and its key strings. A name of no words or of more than `MAX_NAME_WORDS` is left out."""
         by_words: dict[tuple[str, ...], list[int]] = {}
-        for name, row in zip(names, rows.tolist(), strict=True):
-            words = name_words(name)
+        for words, row in zip(words_of, rows.tolist(), strict=True):
             if words and len(words) <= MAX_NAME_WORDS:
                 by_words.setdefault(words, []).append(row)
         keys = list(by_words)
@@ -80,11 +81,11 @@ class NameIndex:
             "name_rows": np.fromiter((r for rs in lists for r in rs), np.int64),
             "first_hash": first_hash[first_order],
             "first_longest": np.asarray([longest[firsts[i]] for i in first_order.tolist()], np.int16),
-        }, pa.array(["\x1f".join(k) for k in ordered], pa.string())
+        }, pa.array([KEY_SEPARATOR.join(k) for k in ordered], pa.string())
 
     @classmethod
     def build(cls, names: list[str], rows: np.ndarray) -> NameIndex:
-        return cls(*cls.arrays(names, rows))
+        return cls(*cls.arrays([name_words(name) for name in names], rows))
 
     def _lookup(self, grams: list[tuple[str, ...]]) -> dict[tuple[str, ...], list[int]]:
         """Rows of every gram that is a name, in one binary search of the hash array for all."""
@@ -95,7 +96,7 @@ class NameIndex:
         high = np.searchsorted(self._hash, codes, side="right").tolist()
         found = {}
         for gram, start, stop in zip(grams, low, high, strict=True):
-            joined = "\x1f".join(gram)
+            joined = KEY_SEPARATOR.join(gram)
             for position in range(start, stop):  # more than one only where hashes collide
                 if self._keys[position].as_py() == joined:
                     found[gram] = self._rows[self._indptr[position]:self._indptr[position + 1]].tolist()

@@ -18,7 +18,7 @@ size, and a question reads only the pages it touches.
 | cluster_codes | the int8 codes of those rows, cluster after cluster (ranking only: no scale is kept) |
 | walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
 | leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
-| key_indptr, key_ids | per node, its sentence keys as ids (CSR; retrievable nodes only) |
+| key_indptr, key_ids | per node, its sentence keys as 64-bit hashes (CSR; retrievable nodes only; `context.sentence_key_hash`) |
 | doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
 | value_kinds | per node, the kinds of value a unit's text holds (`nlp.VALUE_BITS`: a date, a number; uint8; 0 for other types) |
 | unit_chunk | per node, the chunk a unit may be shown whole in place of (`context.whole_chunks`): the T node it was cut from (the lowest row of its chunks), when that chunk lies on one page, slide or sheet (int32; -1 otherwise, and for other types) |
@@ -38,13 +38,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import ivf, nlp
+from ..errors import DamagedError
 from ..graph import csr_arrays
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
-from .entry import NameIndex
+from .entry import KEY_SEPARATOR, NameIndex, name_words
 from .ppr import WalkMatrix
 
-VERSION = 8  # of these structures' definition; a build of another is rebuilt
+VERSION = 9  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
@@ -283,23 +284,119 @@ def unit_chunks(structural: Adjacency, codes: np.ndarray, one_place: np.ndarray)
     return chunk
 
 
-def _text_structures(nodes: pa.Table, codes: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
-    """The sentence keys and the name index: the Python-bound part, run beside the array part."""
+@dataclass(frozen=True)
+class EarlierText:
+    """What an earlier build derived from each node's own text (sentence key ids, value kinds, name
+    words), to take for the nodes whose id and text are unchanged instead of deriving it again (an
+    update changes a few): `_text_structures` gives the same arrays either way. Read with
+    `EarlierText.read`, which checks each file it uses against the build's manifest."""
+
+    ids: pa.Array
+    texts: pa.Array  # the text each structure was derived from (for N and O nodes: the name, else the text)
+    key_indptr: np.ndarray
+    key_ids: np.ndarray
+    value_kinds: np.ndarray
+    name_key: np.ndarray  # per node, its name's position in name_keys, or -1
+    name_keys: pa.Array
+
+    FILES = ("nodes.parquet", "node_text.arrow", "key_indptr.npy", "key_ids.npy", "value_kinds.npy",
+             "name_indptr.npy", "name_rows.npy", "name_keys.arrow")
+
+    @classmethod
+    def read(cls, generation) -> EarlierText | None:
+        """The earlier build's, or None when it holds another version of these structures or a file
+        it needs does not match its checksum (then everything is derived again)."""
+        if generation.meta.get("version") != VERSION or generation.verify(cls.FILES):
+            return None
+        try:
+            nodes = generation.table("nodes", ["id", "type", "name"])
+            text = generation.arrow("node_text")["text"]
+            indptr, rows = generation.array("name_indptr"), generation.array("name_rows")
+            keys = [generation.array(name) for name in ("key_indptr", "key_ids", "value_kinds")]
+            name_keys = generation.arrow("name_keys")["key"].combine_chunks()
+        except DamagedError:  # a file its manifest does not list
+            return None
+        name_key = np.full(nodes.num_rows, -1, np.int64)
+        name_key[rows] = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        return cls(nodes["id"].combine_chunks(), _derived_from(nodes["type"], nodes["name"], text), *keys,
+                   name_key, name_keys)
+
+    def rows_of(self, ids: pa.Array, texts: pa.Array) -> np.ndarray:
+        """Per node, its row in the earlier build when it has the same id and derived-from text, else -1."""
+        found = pc.index_in(ids, value_set=self.ids)
+        same = pc.and_kleene(pc.is_valid(found), pc.equal(texts, self.texts.take(pc.fill_null(found, 0))))
+        return np.where(pc.fill_null(same, False).to_numpy(zero_copy_only=False),
+                        pc.fill_null(found, -1).to_numpy(zero_copy_only=False), -1)
+
+
+def _derived_from(types: pa.ChunkedArray, names: pa.ChunkedArray, texts: pa.ChunkedArray) -> pa.Array:
+    """Per node, the text its text structures are derived from: an entity's or overview's name (its
+    text when it has none), every other node's text."""
+    named = pc.is_in(types, value_set=pa.array(["N", "O"]))
+    name_or_text = pc.if_else(pc.equal(names, ""), texts, names)
+    return pc.if_else(named, name_or_text, texts).combine_chunks()
+
+
+def _csr_take(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lists of `rows` of a CSR: their lengths and their values, one after the other."""
+    starts = indptr[rows]
+    lengths = indptr[rows + 1] - starts
+    offsets = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+    return lengths, values[offsets + np.arange(int(lengths.sum()))]
+
+
+def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
+    """The sentence keys, the value kinds and the name index: the Python-bound part, run beside the
+    array part. Each node's share is a function of its own text; with `earlier`, the nodes it holds
+    unchanged take theirs from it."""
     arrays, tables = {}, {}
+    n = len(codes)
+    derived_from = _derived_from(nodes["type"], nodes["name"], nodes["text"])
+    earlier_row = earlier.rows_of(nodes["id"].combine_chunks(), derived_from) if earlier else np.full(n, -1)
+    texts = derived_from.to_pylist() if earlier is None else None
+    fresh = earlier_row < 0
+
+    def text_of(rows: np.ndarray) -> list[str]:
+        return [texts[r] for r in rows.tolist()] if texts is not None else derived_from.take(pa.array(rows)).to_pylist()
+
     retrievable = codes <= MAX_RETRIEVABLE_CODE
-    texts = nodes["text"].to_pylist()
-    key_indptr, key_ids, key_count = context.sentence_key_ids(texts, retrievable.tolist())
-    arrays["key_indptr"], arrays["key_ids"] = _narrow(key_indptr), _narrow(key_ids)
-    units = np.flatnonzero(codes == TYPE_CODE["S"])
-    kinds = np.zeros(len(codes), np.uint8)
-    kinds[units] = [nlp.value_kinds(texts[row]) for row in units.tolist()]
+    new_rows, kept_rows = np.flatnonzero(retrievable & fresh), np.flatnonzero(retrievable & ~fresh)
+    new_indptr, new_ids = context.sentence_key_ids(text_of(new_rows), [True] * len(new_rows))
+    lengths = np.zeros(n, np.int64)
+    lengths[new_rows] = np.diff(new_indptr)
+    if earlier is not None:
+        lengths[kept_rows], kept_ids = _csr_take(earlier.key_indptr, earlier.key_ids, earlier_row[kept_rows])
+    key_indptr = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    key_ids = np.empty(int(key_indptr[-1]), np.int64)
+    for rows, ids in ((new_rows, new_ids), (kept_rows, kept_ids if earlier is not None else new_ids[:0])):
+        key_ids[np.repeat(key_indptr[rows] - np.r_[0, np.cumsum(lengths[rows])[:-1]], lengths[rows])
+                + np.arange(len(ids))] = ids
+    arrays["key_indptr"], arrays["key_ids"] = _narrow(key_indptr), key_ids
+
+    units = codes == TYPE_CODE["S"]
+    kinds = np.zeros(n, np.uint8)
+    new_units = np.flatnonzero(units & fresh)
+    kinds[new_units] = [nlp.value_kinds(text) for text in text_of(new_units)]
+    if earlier is not None:
+        kept_units = np.flatnonzero(units & ~fresh)
+        kinds[kept_units] = earlier.value_kinds[earlier_row[kept_units]]
     arrays["value_kinds"] = kinds
+
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
-    name_texts = pc.if_else(pc.equal(nodes["name"], ""), nodes["text"], nodes["name"]).take(pa.array(named))
-    names, keys = NameIndex.arrays(name_texts.to_pylist(), named)
+    words_of: list[tuple[str, ...]] = [()] * len(named)
+    for i, text in zip(np.flatnonzero(fresh[named]).tolist(), text_of(named[fresh[named]]), strict=True):
+        words_of[i] = name_words(text)
+    if earlier is not None:
+        kept = np.flatnonzero(~fresh[named])
+        positions = earlier.name_key[earlier_row[named[kept]]]
+        keys = earlier.name_keys.take(pa.array(np.maximum(positions, 0))).to_pylist()
+        for i, position, key in zip(kept.tolist(), positions.tolist(), keys, strict=True):
+            words_of[i] = tuple(key.split(KEY_SEPARATOR)) if position >= 0 else ()
+    names, keys = NameIndex.arrays(words_of, named)
     arrays.update(names)
     tables["name_keys"] = pa.table({"key": keys})
-    return arrays, tables, {"sentence_keys": key_count}
+    return arrays, tables, {"sentence_keys": int(len(np.unique(key_ids)))}
 
 
 def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None
@@ -320,16 +417,18 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids:
 
 def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
             similarity_weight: float, seed: int = 42, clustered_from: int | None = None,
-            chunks: pa.Table | None = None, centroids: np.ndarray | None = None) -> Prepared:
+            chunks: pa.Table | None = None, centroids: np.ndarray | None = None,
+            earlier: EarlierText | None = None) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
     tables, the vectors (row i = `vector_row` i) and the chunks table (for where nodes came from;
-    none: no places). `centroids`: the vector side's clusters to keep (`vector_clusters`)."""
+    none: no places). `centroids`: the vector side's clusters to keep (`vector_clusters`); `earlier`:
+    an earlier build's text structures, to take for the nodes it holds unchanged (`EarlierText`)."""
     out = Prepared()
     nodes = nodes.combine_chunks()
     n = nodes.num_rows
     codes = type_codes_of(nodes["type"])
     with ThreadPoolExecutor(1) as pool:
-        text_part = pool.submit(_text_structures, nodes, codes)
+        text_part = pool.submit(_text_structures, nodes, codes, earlier)
         out.arrays["type_codes"] = codes
         out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
         vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
