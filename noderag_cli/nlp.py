@@ -14,7 +14,7 @@ import importlib.util
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # --- tokens -----------------------------------------------------------------
@@ -104,6 +104,19 @@ def count_tokens(texts: Sequence[str]) -> list[int]:
     if not texts:
         return []
     return [len(ids) for ids in token_ids(texts)]
+
+
+def counting_known(texts: Sequence[str], counts: Sequence[int]) -> Callable[[Sequence[str]], list[int]]:
+    """`count_tokens` that takes a text's count from the given texts and counts (a stage's last
+    nodes table) when they hold it: the summaries an update keeps are not tokenized again."""
+    known = dict(zip(texts, counts, strict=True))
+
+    def count(asked: Sequence[str]) -> list[int]:
+        missing = [text for text in dict.fromkeys(asked) if text not in known]
+        known.update(zip(missing, count_tokens(missing), strict=True))
+        return [known[text] for text in asked]
+
+    return count
 
 
 WORD_CUT_MARGIN = 2

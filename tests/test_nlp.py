@@ -33,3 +33,13 @@ def test_the_word_memory_gives_the_tokenizers_own_ids():
     expected = [e.ids for e in nlp._tokenizer().encode_batch(texts, add_special_tokens=False)]
     assert nlp.token_ids(texts) == expected
     assert nlp.token_ids(texts[:1]) == expected[:1]  # the second time from the memory
+
+
+def test_counting_known_takes_given_counts_and_counts_the_rest_once():
+    """A stage's update counts only the texts its last table did not hold (the given count is
+    believed: the table it comes from is checked against its checksum before)."""
+    from noderag_cli import nlp
+
+    count = nlp.counting_known(["kept summary text"], [999])
+    fresh = "A new summary, counted now."
+    assert count(["kept summary text", fresh, fresh]) == [999, *nlp.count_tokens([fresh] * 2)]

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import ivf
+from .. import ivf, nlp
 from ..cache import SCAN
 from ..config import Config
 from ..embeddings import Embedder
@@ -154,6 +154,14 @@ class StageRun:
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
 
+    def count_tokens(self) -> Callable[[list[str]], list[int]]:
+        """`nlp.count_tokens`, with the counts of the texts of the stage's last nodes table taken
+        from it (`trusted`: a damaged table is not believed): same text, same count."""
+        last = self.last(NODES)
+        if last is None:
+            return nlp.count_tokens
+        return nlp.counting_known(last["text"].to_pylist(), last["tokens"].to_pylist())
+
     def nodes(self, *outputs: Output) -> pa.Table:
         """Node tables, one after the other."""
         return pa.concat_tables([self.read(o) for o in outputs])
@@ -268,7 +276,8 @@ def _attributes(run: StageRun) -> dict:
     kept_against, why = run.load_anchor()
     new_nodes, new_edges, failures, summaries = attributes.run(
         nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
-        run.reporter.advance, anchor=kept_against, resummarize_share=run.config.index.resummarize_share,
+        run.reporter.advance, run.count_tokens(), anchor=kept_against,
+        resummarize_share=run.config.index.resummarize_share,
     )
     run.embedder.embed(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
@@ -286,7 +295,7 @@ def _communities(run: StageRun) -> dict:
     kept_against, why = run.load_anchor()
     new_nodes, new_edges, assignments, failures, summaries, centroids = communities.run(
         nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
-        g.summary_leaf_tokens, run.reporter.advance, anchor=kept_against,
+        g.summary_leaf_tokens, run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
     )
     failed = run.commit_graph(new_nodes, new_edges, failures)
