@@ -34,8 +34,14 @@ BUCKET = 256  # vectors per cluster, on average
 
 
 def quantised(vectors: np.ndarray) -> np.ndarray:
-    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32)."""
-    return np.rint(np.asarray(vectors, np.float32) * QUANT).astype(np.float32)
+    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32). Made a block of
+    rows at a time: the only full-size array is the result, whatever the input's precision (a
+    build's mapped half-precision vectors are widened block by block)."""
+    out = np.empty(vectors.shape, np.float32)
+    for start in range(0, len(vectors), BLOCK):
+        block = np.asarray(vectors[start : start + BLOCK], np.float32) * np.float32(QUANT)
+        np.rint(block, out=out[start : start + BLOCK])
+    return out
 
 
 _THREADS: list[int] = []  # set in an executor's worker process: it owns one core
@@ -190,5 +196,10 @@ def stored_vectors(index: faiss.Index) -> np.ndarray:
 
 def read_flat(path) -> np.ndarray:
     """A build's vectors file as float32 rows in memory (for the stages that use every row)."""
-    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
-    return np.asarray(stored_vectors(index), np.float32)
+    return np.asarray(read_stored(path), np.float32)
+
+
+def read_stored(path) -> np.ndarray:
+    """A build's vectors file as stored (half precision), memory-mapped: for a stage that reads
+    every row once, block by block, and should not hold a float32 copy of them all."""
+    return stored_vectors(faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC))

@@ -103,3 +103,26 @@ def test_pruning_from_a_start_gives_the_flags_of_pruning_whole():
     stale = whole ^ (rng.random(whole.shape) < 0.3)  # flags at and after the start are not read
     stale[np.arange(16) < start[:, None]] = whole[np.arange(16) < start[:, None]]
     assert np.array_equal(se.prune(grid, candidates, scores, start, stale), whole)
+
+
+def test_the_stage_reads_the_stored_half_precision_rows_block_by_block(tmp_path):
+    """The similarity stage maps a build's half-precision vectors instead of holding a float32 copy:
+    the grid, the row names and the lists are the same bits as from the float32 rows."""
+    from noderag_cli import ivf
+
+    rng = np.random.default_rng(5)
+    n = 2 * ivf.BLOCK + 37  # blocks, and a part of one
+    vectors = rng.standard_normal((n, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    path = tmp_path / "vectors.faiss"
+    import faiss
+
+    faiss.write_index(ivf.flat_index(vectors), str(path))
+    stored, wide = ivf.read_stored(path), ivf.read_flat(path)
+    assert stored.dtype == ivf.STORED_DTYPE and wide.dtype == np.float32
+    expected = np.rint(wide * ivf.QUANT).astype(np.float32)
+    assert ivf.quantised(stored).tobytes() == expected.tobytes() == ivf.quantised(wide).tobytes()
+    ids = [f"S_{i:016x}" for i in range(n)]
+    assert se.keys(ids, stored).tolist() == se.keys(ids, wide).tolist()
+    a, b = se.neighbour_lists(se.keys(ids, stored)[:300], stored[:300], 8), se.neighbour_lists(se.keys(ids, wide)[:300], wide[:300], 8)
+    assert np.array_equal(a.candidates, b.candidates) and np.array_equal(a.kept, b.kept)

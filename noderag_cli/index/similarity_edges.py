@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..ivf import BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
+from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
 
 VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
@@ -310,13 +310,13 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
 
     Rows are taken in blocks of neighbouring home clusters (their nearest; `_chain`), and their
     probed clusters in phases by rank (`PROBE_PHASES`). In each phase, for each cluster the block's
-    rows probe, the rows probing it are scored against its members (a slice of the members laid
-    out cluster by cluster): one product serves the many rows of a block that probe the cluster.
+    rows probe, the rows probing it are scored against its members (gathered from the grid when the
+    cluster is met: a copy laid out cluster by cluster would hold every vector `assign` times
+    more): one product serves the many rows of a block that probe the cluster.
     Only scores that reach a row's width-th best so far are kept: the best of the nearest clusters
     bound what the farther ones can bring."""
     n = len(grid)
     indptr, members = clusters.members()
-    laid_out = grid[members]  # each cluster's members, contiguous
     probed = clusters.probes[:, :probes]
     by_home = rows[np.lexsort((rows, _chain(clusters.centroids)[probed[rows, 0]]))]
     blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, len(rows), CLUSTER_BLOCK)]
@@ -337,7 +337,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
         parts = []
         for w, who in by_cluster(probed[rows, :1]):  # each row's first list: the best of its home cluster
             start, stop = indptr[w], indptr[w + 1]
-            found, found_scores = top_k((vectors_of_rows[who] @ laid_out[start:stop].T) * scale, rows[who], width,
+            found, found_scores = top_k((vectors_of_rows[who] @ grid[members[start:stop]].T) * scale, rows[who], width,
                                         members[start:stop])
             r, c = np.nonzero(found >= 0)
             parts.append((who[r], found[r, c], found_scores[r, c]))
@@ -348,7 +348,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
             bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
             for w, who in by_cluster(probed[rows, lo:hi]):
                 start, stop = indptr[w], indptr[w + 1]
-                scores = (vectors_of_rows[who] @ laid_out[start:stop].T) * scale
+                scores = (vectors_of_rows[who] @ grid[members[start:stop]].T) * scale
                 r, c = np.nonzero(scores >= bound[who, None])
                 if len(r):
                     parts.append((who[r], members[start + c], scores[r, c]))
@@ -514,6 +514,9 @@ def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
 def keys(ids: list[str], vectors: np.ndarray) -> np.ndarray:
     """Row names for `neighbour_lists`: the node id and a 64-bit fingerprint of its vector (a node
     keeps its id when its text changes, as an entity's attribute does)."""
-    rows = np.ascontiguousarray(vectors, np.float32)
-    return np.asarray([f"{i}:{hashlib.blake2b(row, digest_size=8).hexdigest()}" for i, row in zip(ids, rows, strict=True)],
-                      dtype=object)
+    names = np.empty(len(ids), dtype=object)
+    for start in range(0, len(ids), BLOCK):  # float32 rows a block at a time (the vectors may be stored in half)
+        rows = np.ascontiguousarray(vectors[start : start + BLOCK], np.float32)
+        names[start : start + len(rows)] = [f"{i}:{hashlib.blake2b(row, digest_size=8).hexdigest()}"
+                                            for i, row in zip(ids[start : start + BLOCK], rows, strict=True)]
+    return names

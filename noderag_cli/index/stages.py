@@ -336,7 +336,7 @@ def _embed(run: StageRun) -> dict:
 def _similarity(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids = run.read(VECTOR_IDS)["id"].to_pylist()
-    vectors = ivf.read_flat(run.input_path(VECTORS))
+    vectors = ivf.read_stored(run.input_path(VECTORS))  # mapped: only the quantised copy is held whole
     settings = run.config.similarity
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
                  "version": similarity_edges.VERSION}
