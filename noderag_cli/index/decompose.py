@@ -131,12 +131,23 @@ def decompose_chunks(
             progress(sum(item[2] is not None for item in batch))
 
     batches = [work[i : i + BATCH] for i in range(0, len(work), BATCH)]
+    del work
     results = executor.map(rows_of_batch, batches, done)
     occurrences = pa.concat_tables([kept_occurrences, *(r[1] for r in results)])
     links = pa.concat_tables([kept_links, *(r[2] for r in results)])
-    occurrences = occurrences.sort_by([("input", "ascending"), ("seq", "ascending")])
-    links = links.sort_by([("input", "ascending"), ("seq", "ascending")])
-    return occurrences, links, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+    del results, kept_occurrences, kept_links, batches  # the tables alone hold the rows now
+    return _in_input_order(occurrences), _in_input_order(links), failures, \
+        {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+
+
+def _in_input_order(table: pa.Table) -> pa.Table:
+    """The rows sorted by (input, seq), as `Table.sort_by` sorts them, one column at a time: the
+    unsorted column is let go as its sorted copy is made, so the rows are held about once, not
+    twice (the tables of a large folder's mentions are the decompose stage's largest)."""
+    order = pc.sort_indices(table, sort_keys=[("input", "ascending"), ("seq", "ascending")])
+    for position, name in enumerate(table.column_names):
+        table = table.set_column(position, name, table[name].take(order))
+    return table
 
 
 def _kept_rows(previous: tuple[pa.Table, pa.Table] | None, names: list[str]) -> tuple[pa.Table, pa.Table, set[str]]:
