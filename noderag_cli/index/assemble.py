@@ -112,7 +112,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     ws = run.ws
     ids = run.read(VECTOR_IDS)["id"].to_pylist()
     vector_file = run.input_path(VECTORS)
-    vectors = ivf.read_flat(vector_file)
+    vectors = ivf.read_stored(vector_file)  # mapped, half precision: prepare widens what it reads
     documents = run.read(DOCUMENTS)
     writer = ws.new_generation()
     with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges

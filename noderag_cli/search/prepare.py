@@ -29,6 +29,7 @@ size, and a question reads only the pages it touches.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ from .ppr import WalkMatrix
 VERSION = 9  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
+TEXT_BLOCK = 65_536  # nodes whose texts are turned into Python strings at a time
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
 
 
@@ -180,6 +182,18 @@ def int8_codes(vectors: np.ndarray) -> tuple[np.ndarray, float]:
     Whole numbers in [-127, 127], returned as float32 (exact) with the scale."""
     scale = 127.0 / max(float(np.abs(vectors).max(initial=0.0)), 1e-12)
     return np.rint(vectors * np.float32(scale)), scale
+
+
+def int8_code_rows(vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`int8_codes(vectors[rows])`'s codes as int8, a block of rows at a time: only the codes are
+    held whole (`vectors` may be a build's mapped half-precision rows)."""
+    blocks = [rows[start : start + ivf.BLOCK] for start in range(0, len(rows), ivf.BLOCK)]
+    largest = max((float(np.abs(vectors[block]).max(initial=0.0)) for block in blocks), default=0.0)
+    scale = np.float32(127.0 / max(largest, 1e-12))
+    codes = np.empty((len(rows), vectors.shape[1]), np.int8)
+    for start, block in zip(range(0, len(rows), ivf.BLOCK), blocks, strict=True):
+        codes[start : start + len(block)] = np.rint(np.asarray(vectors[block], np.float32) * scale)
+    return codes
 
 
 def scan8(vectors: np.ndarray) -> tuple[faiss.Index, float, float]:
@@ -354,17 +368,20 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     n = len(codes)
     derived_from = _derived_from(nodes["type"], nodes["name"], nodes["text"])
     earlier_row = earlier.rows_of(nodes["id"].combine_chunks(), derived_from) if earlier else np.full(n, -1)
-    texts = derived_from.to_pylist() if earlier is None else None
     fresh = earlier_row < 0
 
-    def text_of(rows: np.ndarray) -> list[str]:
-        return [texts[r] for r in rows.tolist()] if texts is not None else derived_from.take(pa.array(rows)).to_pylist()
+    def texts_of(rows: np.ndarray) -> Iterator[list[str]]:
+        """The texts of `rows` as Python strings, a block at a time (all at once they would take
+        several times the column's memory)."""
+        for start in range(0, len(rows), TEXT_BLOCK):
+            yield derived_from.take(pa.array(rows[start : start + TEXT_BLOCK])).to_pylist()
 
     retrievable = codes <= MAX_RETRIEVABLE_CODE
     new_rows, kept_rows = np.flatnonzero(retrievable & fresh), np.flatnonzero(retrievable & ~fresh)
-    new_indptr, new_ids = context.sentence_key_ids(text_of(new_rows), [True] * len(new_rows))
     lengths = np.zeros(n, np.int64)
-    lengths[new_rows] = np.diff(new_indptr)
+    parts = [context.sentence_key_ids(texts, [True] * len(texts)) for texts in texts_of(new_rows)]
+    lengths[new_rows] = np.concatenate([np.diff(indptr) for indptr, _ in parts]) if parts else 0
+    new_ids = np.concatenate([ids for _, ids in parts]) if parts else np.zeros(0, np.int64)
     if earlier is not None:
         lengths[kept_rows], kept_ids = _csr_take(earlier.key_indptr, earlier.key_ids, earlier_row[kept_rows])
     key_indptr = np.r_[0, np.cumsum(lengths)].astype(np.int64)
@@ -377,7 +394,7 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     units = codes == TYPE_CODE["S"]
     kinds = np.zeros(n, np.uint8)
     new_units = np.flatnonzero(units & fresh)
-    kinds[new_units] = [nlp.value_kinds(text) for text in text_of(new_units)]
+    kinds[new_units] = [nlp.value_kinds(text) for texts in texts_of(new_units) for text in texts]
     if earlier is not None:
         kept_units = np.flatnonzero(units & ~fresh)
         kinds[kept_units] = earlier.value_kinds[earlier_row[kept_units]]
@@ -385,7 +402,8 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
 
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
     words_of: list[tuple[str, ...]] = [()] * len(named)
-    for i, text in zip(np.flatnonzero(fresh[named]).tolist(), text_of(named[fresh[named]]), strict=True):
+    new_names = (text for texts in texts_of(named[fresh[named]]) for text in texts)
+    for i, text in zip(np.flatnonzero(fresh[named]).tolist(), new_names, strict=True):
         words_of[i] = name_words(text)
     if earlier is not None:
         kept = np.flatnonzero(~fresh[named])
@@ -420,7 +438,7 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
             chunks: pa.Table | None = None, centroids: np.ndarray | None = None,
             earlier: EarlierText | None = None) -> Prepared:
     """Every structure the search reads, from the final nodes (sorted by id), edges and documents
-    tables, the vectors (row i = `vector_row` i) and the chunks table (for where nodes came from;
+    tables, the vectors (row i = `vector_row` i; float32, or a build's half-precision rows) and the chunks table (for where nodes came from;
     none: no places). `centroids`: the vector side's clusters to keep (`vector_clusters`); `earlier`:
     an earlier build's text structures, to take for the nodes it holds unchanged (`EarlierText`)."""
     out = Prepared()
@@ -448,10 +466,10 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
             out.arrays["cluster_centroids"] = centroids
             out.arrays["cluster_indptr"] = indptr
             out.arrays["cluster_rows"] = scanned_rows[members]
-            out.arrays["cluster_codes"] = int8_codes(vectors[scanned_rows[members]])[0].astype(np.int8)
+            out.arrays["cluster_codes"] = int8_code_rows(vectors, scanned_rows[members])
             out.meta["clusters"] = len(centroids)
         else:
-            index, scale, error = scan8(vectors[scanned_rows])
+            index, scale, error = scan8(np.asarray(vectors[scanned_rows], np.float32))
             out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
             out.meta["scan8"] = {"scale": scale, "error": error}
 
