@@ -310,13 +310,16 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
 
     Rows are taken in blocks of neighbouring home clusters (their nearest; `_chain`), and their
     probed clusters in phases by rank (`PROBE_PHASES`). In each phase, for each cluster the block's
-    rows probe, the rows probing it are scored against its members (gathered from the grid when the
-    cluster is met: a copy laid out cluster by cluster would hold every vector `assign` times
-    more): one product serves the many rows of a block that probe the cluster.
+    rows probe, the rows probing it are scored against its members (a copy of the grid laid out
+    cluster by cluster, in int16: half a float32 copy's memory, widened a cluster at a time): one
+    product serves the many rows of a block that probe the cluster.
     Only scores that reach a row's width-th best so far are kept: the best of the nearest clusters
     bound what the farther ones can bring."""
     n = len(grid)
     indptr, members = clusters.members()
+    laid_out = np.empty((len(members), grid.shape[1]), np.int16)  # each cluster's members, contiguous: on
+    for start in range(0, len(members), BLOCK):  # the grid they are whole numbers of at most 2048, exact in int16
+        laid_out[start : start + BLOCK] = grid[members[start : start + BLOCK]]
     probed = clusters.probes[:, :probes]
     by_home = rows[np.lexsort((rows, _chain(clusters.centroids)[probed[rows, 0]]))]
     blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, len(rows), CLUSTER_BLOCK)]
@@ -337,7 +340,8 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
         parts = []
         for w, who in by_cluster(probed[rows, :1]):  # each row's first list: the best of its home cluster
             start, stop = indptr[w], indptr[w + 1]
-            found, found_scores = top_k((vectors_of_rows[who] @ grid[members[start:stop]].T) * scale, rows[who], width,
+            found, found_scores = top_k((vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale,
+                                        rows[who], width,
                                         members[start:stop])
             r, c = np.nonzero(found >= 0)
             parts.append((who[r], found[r, c], found_scores[r, c]))
@@ -348,7 +352,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
             bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
             for w, who in by_cluster(probed[rows, lo:hi]):
                 start, stop = indptr[w], indptr[w + 1]
-                scores = (vectors_of_rows[who] @ grid[members[start:stop]].T) * scale
+                scores = (vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale
                 r, c = np.nonzero(scores >= bound[who, None])
                 if len(r):
                     parts.append((who[r], members[start + c], scores[r, c]))
