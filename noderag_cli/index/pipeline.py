@@ -19,8 +19,6 @@ The stages themselves, and the test hook that crashes a run at a chosen point: s
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import logging
 import os
 import signal
@@ -45,7 +43,7 @@ from . import assemble
 from .outputs import Output
 from .scan import keep_last_content, remember
 from .scan import scan as scan_files
-from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
+from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point, release_memory
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
@@ -304,7 +302,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         kill_point(stage.name, "start")
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
-        _release_memory()
+        release_memory()
         _reset_peak_memory()
         t0 = time.perf_counter()
         ws.cache.start_recording()
@@ -333,16 +331,6 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
         if stage.name == stop_after:
             break
-
-
-def _release_memory() -> None:
-    """Give the memory the stages before freed back to the system: glibc's heap and Arrow's pool
-    keep freed pages for reuse, and between stages that was as much again as the process still
-    used (at 32,000 passages, 1.3 GB resident before the similarity stage, 0.7 GB after this)."""
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-    with contextlib.suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak_memory() -> None:

@@ -13,6 +13,8 @@ process at a chosen point.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -249,6 +251,17 @@ def _chunk(run: StageRun) -> dict:
             "failures": counts["failed"]}
 
 
+def release_memory() -> None:
+    """Give freed memory back to the system: glibc's heap and Arrow's pool keep freed pages for
+    reuse, and between stages that was as much again as the process still used (at 32,000
+    passages, 1.3 GB resident before the similarity stage, 0.7 GB after this). Called before each
+    stage, and inside one where its largest tables are let go. (No `gc.collect()`: it freed nothing
+    here, and cost 20 ms a call at MuSiQue size.)"""
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _decompose(run: StageRun) -> dict:
     chunks = run.read(CHUNKS)
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
@@ -259,11 +272,13 @@ def _decompose(run: StageRun) -> dict:
         decompose.read_rows(*kept) if all(kept) else None, run.executor,
     )
     nodes, edges = decompose.build_graph(occurrences, links)
+    for path, table in zip(rows_paths, (occurrences, links), strict=True):
+        write_parquet(path, decompose.with_version(table))
+    del occurrences, links  # the stage's largest tables: let go before the vectors are made
+    release_memory()
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
     run.embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
     failed = run.commit_graph(nodes, edges, failures)
-    for path, table in zip(rows_paths, (occurrences, links), strict=True):
-        write_parquet(path, decompose.with_version(table))
     if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
         run.ws.cache.compact()
     return {"nodes": nodes.num_rows, "edges": edges.num_rows, **failed, **work}
