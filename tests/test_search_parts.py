@@ -98,7 +98,7 @@ def test_budget_is_never_exceeded_and_repeated_statements_are_skipped():
                       "Edda Marrow: She was born on Skarra.", "x" * 10], dtype=object)
     tokens = np.array([10, 12, 9, 50])
     rows = np.arange(4)
-    key_indptr, key_ids = sentence_key_ids(texts.tolist(), [True] * 4)
+    key_indptr, key_ids = sentence_key_ids(texts.tolist())
     assert len(np.unique(key_ids)) == 3 and key_ids[key_indptr[0]:key_indptr[1]].tolist() == [
         sentence_key_hash("the town was founded in 1641.")]  # row 1 shares row 0's key
     keys = (key_indptr, key_ids)

@@ -160,20 +160,20 @@ def _fit_diverse(rows: np.ndarray, priority: np.ndarray, tokens: np.ndarray, bud
     return np.asarray(kept, dtype=np.int64)
 
 
-def sentence_key_ids(texts: Sequence[str], keep: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
-    """Every node's sentence keys as ids (`sentence_key_hash`), CSR (indptr, ids; int64): the nodes
-    whose `keep` is false get none; each node's ids sorted. A node's list depends on its text
-    alone, so an earlier build's lists serve the nodes whose text is unchanged."""
-    ids_of = [sorted(sentence_key_hash(key) for key in sentence_keys(text)) if wanted else []
-              for text, wanted in zip(texts, keep, strict=True)]
+def sentence_key_ids(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Every node's sentence keys as ids (`sentence_key_hash`), CSR (indptr, ids; int64), each
+    node's ids sorted. A node's list depends on its text alone, so an earlier build's lists serve
+    the nodes whose text is unchanged."""
+    ids_of = [sorted(sentence_key_hash(key) for key in sentence_keys(text)) for text in texts]
     indptr = np.r_[0, np.cumsum([len(k) for k in ids_of], dtype=np.int64)].astype(np.int64)
     ids = np.fromiter((k for node in ids_of for k in node), np.int64, int(indptr[-1]))
     return indptr, ids
 
 
 def sentence_key_hash(key: str) -> int:
-    """A sentence key as a signed 64-bit id: two nodes share a sentence when they share an id (a
-    chance collision among 10^7 keys is about 1 in 10^5, and would only drop one node as a repeat)."""
+    """A sentence key as a signed 64-bit id: two nodes share a sentence when they share an id (among
+    10^7 keys a chance collision has odds of about 3 in a million, and would only drop one node as a
+    repeat)."""
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 

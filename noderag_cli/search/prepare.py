@@ -379,7 +379,7 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     retrievable = codes <= MAX_RETRIEVABLE_CODE
     new_rows, kept_rows = np.flatnonzero(retrievable & fresh), np.flatnonzero(retrievable & ~fresh)
     lengths = np.zeros(n, np.int64)
-    parts = [context.sentence_key_ids(texts, [True] * len(texts)) for texts in texts_of(new_rows)]
+    parts = [context.sentence_key_ids(texts) for texts in texts_of(new_rows)]
     lengths[new_rows] = np.concatenate([np.diff(indptr) for indptr, _ in parts]) if parts else 0
     new_ids = np.concatenate([ids for _, ids in parts]) if parts else np.zeros(0, np.int64)
     if earlier is not None:
