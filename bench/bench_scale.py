@@ -377,6 +377,10 @@ def report(rows: dict, sizes: list[int], args) -> list[str]:
     return lines
 
 
+BUILD_TARGETS = {  # passages: (minutes, peak RSS MB, retrieval p50 ms) of a build of that size, as the issues set them
+    100_000: (15, 8_000, 10), 200_000: (12, 8_000, 10), 1_000_000: (60, 16_000, 15)}
+
+
 def goals(rows: dict, sizes: list[int]) -> list[str]:
     """The issue's figures, where the sizes measured allow them."""
     out = []
@@ -391,10 +395,11 @@ def goals(rows: dict, sizes: list[int]) -> list[str]:
         out.append(f"- Whole-build exponent {middle:,} → {large:,}: **{whole:.2f}** (target at most 1.15){met(whole, 1.15)}.")
     r = rows[large]
     disk, p50, process = r["disk"] / r["raw"], r["p50"] / rows[small]["p50"], r["query_process"] / rows[small]["query_process"]
-    out.append(f"- {large:,} passages: **{r['wall'] / 60:.1f} min** (target at most 15){met(r['wall'] / 60, 15)}, peak RSS "
-               f"**{r['peak']:,.0f} MB** (target at most 8,000){met(r['peak'], 8000)}, disk **{disk:.1f}x** the raw text "
-               f"(target at most 25x){met(disk, 25)}.")
-    out.append(f"- Retrieval p50 at {large:,}: **{r['p50']:.2f} ms** (target at most 10){met(r['p50'], 10)}, "
+    minutes, peak, p50_ms = BUILD_TARGETS.get(large, BUILD_TARGETS[max(BUILD_TARGETS)])
+    out.append(f"- {large:,} passages: **{r['wall'] / 60:.1f} min** (target at most {minutes}){met(r['wall'] / 60, minutes)}, "
+               f"peak RSS **{r['peak']:,.0f} MB** (target at most {peak:,}){met(r['peak'], peak)}, disk **{disk:.1f}x** the "
+               f"raw text (target at most 25x){met(disk, 25)}.")
+    out.append(f"- Retrieval p50 at {large:,}: **{r['p50']:.2f} ms** (target at most {p50_ms}){met(r['p50'], p50_ms)}, "
                f"{p50:.2f}x its value at {small:,} (target at most 2x){met(p50, 2)}; one query process "
                f"{process:.2f}x (target at most 1.2x){met(process, 1.2)}.")
     return out
