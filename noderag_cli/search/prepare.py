@@ -46,9 +46,10 @@ from . import context
 from .entry import KEY_SEPARATOR, NameIndex, name_words
 from .ppr import WalkMatrix
 
-VERSION = 9  # of these structures' definition; a build of another is rebuilt
+VERSION = 8  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
+KEY_IDS = "blake2b-64"  # what a build's sentence-key ids are (`context.sentence_key_hash`): only such are reused
 TEXT_BLOCK = 65_536  # nodes whose texts are turned into Python strings at a time
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
 
@@ -318,9 +319,12 @@ class EarlierText:
 
     @classmethod
     def read(cls, generation) -> EarlierText | None:
-        """The earlier build's, or None when it holds another version of these structures or a file
-        it needs does not match its checksum (then everything is derived again)."""
-        if generation.meta.get("version") != VERSION or generation.verify(cls.FILES):
+        """The earlier build's, or None when it holds another version of these structures, sentence
+        keys numbered otherwise (a build made before they were `KEY_IDS`: the search reads those as
+        well, but they cannot be mixed with these), or a file it needs does not match its checksum;
+        then everything is derived again."""
+        meta = generation.meta
+        if meta.get("version") != VERSION or meta.get("key_ids") != KEY_IDS or generation.verify(cls.FILES):
             return None
         try:
             nodes = generation.table("nodes", ["id", "type", "name"])
@@ -414,7 +418,7 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     names, keys = NameIndex.arrays(words_of, named)
     arrays.update(names)
     tables["name_keys"] = pa.table({"key": keys})
-    return arrays, tables, {"sentence_keys": int(len(np.unique(key_ids)))}
+    return arrays, tables, {"sentence_keys": int(len(np.unique(key_ids))), "key_ids": KEY_IDS}
 
 
 def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None
