@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .. import ivf, nlp
 from ..errors import DamagedError
-from ..graph import csr_arrays
+from ..graph import csr_arrays, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import KEY_SEPARATOR, NameIndex, name_words
@@ -355,14 +355,6 @@ def _derived_from(types: pa.ChunkedArray, names: pa.ChunkedArray, texts: pa.Chun
     return pc.if_else(named, name_or_text, texts).combine_chunks()
 
 
-def _csr_take(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The lists of `rows` of a CSR: their lengths and their values, one after the other."""
-    starts = indptr[rows]
-    lengths = indptr[rows + 1] - starts
-    offsets = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
-    return lengths, values[offsets + np.arange(int(lengths.sum()))]
-
-
 def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | None = None
                      ) -> tuple[dict[str, np.ndarray], dict[str, pa.Table], dict]:
     """The sentence keys, the value kinds and the name index: the Python-bound part, run beside the
@@ -387,12 +379,13 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     lengths[new_rows] = np.concatenate([np.diff(indptr) for indptr, _ in parts]) if parts else 0
     new_ids = np.concatenate([ids for _, ids in parts]) if parts else np.zeros(0, np.int64)
     if earlier is not None:
-        lengths[kept_rows], kept_ids = _csr_take(earlier.key_indptr, earlier.key_ids, earlier_row[kept_rows])
+        kept_from = earlier_row[kept_rows]
+        lengths[kept_rows] = earlier.key_indptr[kept_from + 1] - earlier.key_indptr[kept_from]
     key_indptr = np.r_[0, np.cumsum(lengths)].astype(np.int64)
     key_ids = np.empty(int(key_indptr[-1]), np.int64)
-    for rows, ids in ((new_rows, new_ids), (kept_rows, kept_ids if earlier is not None else new_ids[:0])):
-        key_ids[np.repeat(key_indptr[rows] - np.r_[0, np.cumsum(lengths[rows])[:-1]], lengths[rows])
-                + np.arange(len(ids))] = ids
+    key_ids[row_entries(key_indptr, new_rows)] = new_ids
+    if earlier is not None:
+        key_ids[row_entries(key_indptr, kept_rows)] = earlier.key_ids[row_entries(earlier.key_indptr, kept_from)]
     arrays["key_indptr"], arrays["key_ids"] = _narrow(key_indptr), key_ids
 
     units = codes == TYPE_CODE["S"]
