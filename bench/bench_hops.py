@@ -32,12 +32,13 @@ BUDGETS = (500, 1000, 2000)
 ANSWER_BUDGET = 1000
 ROUNDS = 3
 BEFORE = {"exact_share": None, "second_round_chunks": 0, "document_diversity": 1.0, "whole_chunks": 0,
-          "asked_kind_weight": 0.0}
+          "asked_kind_weight": 0.0, "question_words_weight": 0.0}
 """The search as it was before the multi-hop settings (issue 25), on the same graph."""
-MULTIHOP = {"whole_chunks": 0, "asked_kind_weight": 0.0}
+MULTIHOP = {"whole_chunks": 0, "asked_kind_weight": 0.0, "question_words_weight": 0.0}
 """The search as the multi-hop settings left it, before what a reader gets (issue 36)."""
 SENSITIVITY = [("exact_share", (0.2, 0.5)), ("second_round_chunks", (1, 3)), ("second_round_share", (0.3, 0.7)),
-               ("document_diversity", (0.25, 0.6)), ("whole_chunks", (1, 4)), ("asked_kind_weight", (0.25, 1.0))]
+               ("document_diversity", (0.25, 0.6)), ("whole_chunks", (1, 4)), ("asked_kind_weight", (0.25, 1.0)),
+               ("question_words_weight", (0.75, 3.0))]
 
 
 def musique_hops(data: Path, corpus: Path) -> tuple[list, list[list[str]]]:
@@ -132,9 +133,10 @@ def _row(dataset: str, name: str, budget: int, figures: dict) -> str:
 def report(data: Path, work: Path, changes: dict, sensitivity: bool, rounds: int) -> list[str]:
     lines = ["## Multi-hop retrieval and the offline answer", "",
              "Offline engine, default settings (`search.exact_share`, `second_round_chunks`, `second_round_share`, "
-             "`document_diversity`, `whole_chunks`, `asked_kind_weight`: search/rounds.py, search/context.py) against "
+             "`document_diversity`, `whole_chunks`, `asked_kind_weight`, `question_words_weight`: search/rounds.py, "
+             "search/context.py) against "
              f"the same search without them (`before`: {', '.join(f'{k}={v}' for k, v in BEFORE.items())}) and without "
-             f"the last two (`multi-hop`: {', '.join(f'{k}={v}' for k, v in MULTIHOP.items())}), on the same "
+             f"the last three (`multi-hop`: {', '.join(f'{k}={v}' for k, v in MULTIHOP.items())}), on the same "
              "workspaces, in the same run. "
              "Hops: questions whose hop-k passage is in the context (MuSiQue's question_decomposition; of 100, "
              "the third of 32, the fourth of 5). All gold: every supporting passage in the context. Answer: the "

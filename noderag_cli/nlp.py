@@ -346,7 +346,9 @@ def _dedupe_spans(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str
 
 # --- keywords ---------------------------------------------------------------
 
-_TERM = re.compile(r"[A-Za-z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\-]{2,}")
+TERM_CHAR = r"[A-Za-z\u00c0-\u024f'\-]"
+"""A character a term goes on with (`terms`)."""
+_TERM = re.compile(r"[A-Za-z\u00c0-\u024f]" + TERM_CHAR + "{2,}")
 
 
 def terms(text: str) -> list[str]:

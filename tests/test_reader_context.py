@@ -56,6 +56,16 @@ def test_a_best_short_chunk_replaces_its_units_funded_without_dropping_a_passage
     assert rows.tolist() == kept.tolist()  # nothing may fund it: unchanged
 
 
+def test_a_node_that_outranks_the_chunks_unit_never_pays_for_the_chunk():
+    codes, tokens, unit_chunk = _arrays()
+    kept = np.array([1, 4, 5, 6, 8])
+    scores = np.array([0.9, 0.8, 0.95, 0.4, 0.3])  # the summary (row 5) ranks above unit 1
+    rows, _ = context.whole_chunks(kept, scores, codes, tokens, unit_chunk, budget=130, documents=1)
+    assert rows.tolist() == [0, 4, 5, 6]  # chunk 7's weaker unit pays, not the summary
+    rows, _ = context.whole_chunks(kept, scores, codes, tokens, unit_chunk, budget=110, documents=1)
+    assert rows.tolist() == kept.tolist()  # what is left below unit 1 cannot pay: unchanged
+
+
 def test_a_long_chunk_or_no_document_leaves_the_context_as_it_was():
     codes, tokens, unit_chunk = _arrays()
     kept, scores = np.array([4, 1]), np.array([0.9, 0.2])
@@ -134,3 +144,69 @@ def test_an_llm_built_workspace_is_searched_with_the_same_settings(tmp_path):
                     assert [(n.id, n.score) for n in first.nodes] == [(n.id, n.score) for n in second.nodes]
                     whole += any(n.type == "T" for n in first.nodes)
     assert whole
+
+
+def test_question_words_count_by_how_rare_they_are_among_the_candidates():
+    import pyarrow as pa
+
+    texts = pa.array(["Maple Hollow: Average annual snowfall at the airfield is 7.4 inches.",
+                      "Maple Hollow: Heavy snow fell on the town in 1916.",
+                      "Maple Hollow: The town's market is held on Thursdays.",
+                      "Snowfalls and averages: none of the words as whole terms.",
+                      "Average Town: a subject prefix is not the node's own words.",
+                      "The town's average snowfall is low."])
+    words = context.QuestionWords("What is the average snowfall in the town?", texts)
+    assert words.words == ["average", "snowfall", "town"]
+    shares = words.shares(np.arange(5))
+    # "town" is held by two of five candidates, "average" and "snowfall" by one each: rarer words weigh more
+    assert shares[0] > shares[1] == shares[2] > 0
+    assert shares[3] == 0 and shares[4] == 0
+    assert np.isclose(words.shares(np.array([5]))[0], 1.0)  # every word ("town's" holds "town")
+    scores = np.array([0.1, 0.2, 0.2, 0.3, 0.3])
+    assert context.weigh_question_words(scores, np.arange(5), words, 0.0) is scores
+    assert context.weigh_question_words(scores, np.arange(5), None, 1.5) is scores
+    weighed = context.weigh_question_words(scores, np.arange(5), words, 1.5)
+    assert weighed[0] > scores[0] and weighed[3] == scores[3]
+    assert context.QuestionWords("Who is it?", texts).shares(np.arange(5)).tolist() == [0.0] * 5  # no words: no change
+
+
+@pytest.fixture(scope="module")
+def snowfall(tmp_path_factory) -> api.Session:
+    """A quartet's page names its town; the town's page has two sentences on heavy snow that are
+    more like the question than the one that gives the average snowfall, and six other towns'
+    pages each report a snow storm."""
+    root = tmp_path_factory.mktemp("snowfall")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    (corpus / "linden_quartet.md").write_text(
+        "# The Linden Quartet\n\nThe Linden Quartet is a string quartet formed in Maple Hollow in 1988. Its four "
+        "players met at a summer school and have recorded the complete quartets of two composers.\n")
+    (corpus / "maple_hollow.md").write_text(
+        "# Maple Hollow\n\nMaple Hollow is a town in the hills above the river Tamm. Heavy snow in the town is rare: "
+        "in the winter of 1916 a storm left the town under 29 inches of snow. Snow fell on the town again in December "
+        "2008, a foot of it, and the town's schools closed for a week. The average snowfall recorded by the volunteers "
+        "of the rowing club at their boathouse since 1931 is 7.4 inches. The town's market is held on Thursdays.\n")
+    for number, town in enumerate(["Brackwater", "Elmstead", "Corran", "Fallow Cross", "Dunmere", "Gilt"]):
+        (corpus / f"town_{number}.md").write_text(
+            f"# {town}\n\n{town} is a town on the coast. In the winter of {1950 + number}, a heavy snow event left "
+            f"{10 + number} inches of snow on the ground in {town}, and schools were closed for a week. The {town} "
+            "ferry runs twice a day.\n")
+    api.index(root / "ws", corpus)
+    with api.open_workspace(root / "ws") as opened:
+        yield opened
+
+
+def test_the_sentence_that_holds_the_questions_rarer_words_enters_the_context(snowfall):
+    question = "What is the average snowfall in the town where the Linden Quartet was formed?"
+    for budget in (100, 150):
+        weighed = snowfall.retrieve(question, snowfall.search_settings(budget_tokens=budget))
+        plain = snowfall.retrieve(question, snowfall.search_settings(budget_tokens=budget, question_words_weight=0.0))
+        assert "7.4 inches" in weighed.context_text() and "7.4 inches" not in plain.context_text()
+        assert weighed.context_tokens <= budget
+    # the controls: what a question asks that the vectors found already stays in the context
+    for control, answer in (("When was the Linden Quartet formed?", "1988"), ("What river is Maple Hollow above?", "Tamm"),
+                            ("On which day is the market of Maple Hollow held?", "Thursdays")):
+        for budget in (40, 100):
+            for weight in (0.0, 1.5):
+                params = snowfall.search_settings(budget_tokens=budget, question_words_weight=weight)
+                assert answer in snowfall.retrieve(control, params).context_text()

@@ -10,6 +10,10 @@ Two steps make the context read as answers need (docs/search.md, "What a reader 
 - **What the question asks** (`weigh_asked_kind`): "when" asks for a date, "how many" for a number;
   a unit that holds such a value is worth more than its likeness to the question says, since the
   sentence that answers rarely repeats the question's words.
+- **The question's own words** (`QuestionWords`): a node that holds the question's rarer words
+  ("average snowfall" of "the average snowfall in the city where ...") is worth more than its
+  vector says: the bundled embeddings blur one sentence of a passage into its neighbours, and the
+  words tell the sentence that answers from the one beside it (hybrid lexical and vector ranking).
 - **Depth before breadth** (`whole_chunks`): a document whose best unit ranks among the first is
   shown as its chunk, where the chunk is short, rather than as one or two of its sentences: the
   sentence that gives a subject's dates is often beside the one that matched.
@@ -23,8 +27,9 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
-from ..nlp import VALUE_BITS
+from ..nlp import TERM_CHAR, VALUE_BITS, terms
 from ..node_types import RESTATING_CODES, TYPE_CODE
 
 WHOLE_CHUNK_RATIO = 3
@@ -179,6 +184,7 @@ def sentence_key_hash(key: str) -> int:
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _SUBJECT = re.compile(r"^(?:[^:.!?]{1,120}: )+")
+_TERM_CHAR = re.compile(TERM_CHAR)
 
 
 def sentence_keys(text: str) -> frozenset[str]:
@@ -201,6 +207,60 @@ def weigh_asked_kind(similarity: np.ndarray, kinds: np.ndarray, asked: str, weig
     if not bit or weight <= 0:
         return similarity
     return similarity * np.where(kinds & bit, 1.0 + weight, 1.0)
+
+
+class QuestionWords:
+    """How much of a question's words each candidate node holds, for `weigh_question_words`. A
+    word counts by how rare it is among the candidates scored together (log((n + 1) / (df + 1)),
+    plus a floor): the question's entity is named by most of them, the word that says what is
+    asked ("snowfall", "population") by few. A node's words are read once per question (its
+    second round scores mostly the same nodes), without "Subject: " prefixes, which repeat the
+    document's name on every unit of it."""
+
+    FLOOR = 0.1
+    """Weight of a word every candidate holds: it still tells them from nodes without it."""
+
+    def __init__(self, question: str, texts: pa.Array):
+        self.words = sorted(set(terms(question)))
+        self.texts = texts
+        self._held: dict[int, list[bool]] = {}  # per row: which of the words it holds
+
+    def shares(self, rows: np.ndarray) -> np.ndarray:
+        """Per row of `rows`, the weight of the question's words it holds over the weight of all of
+        them, in [0, 1]; zeros when the question has no words."""
+        if not self.words or not len(rows):
+            return np.zeros(len(rows))
+        missing = [row for row in rows.tolist() if row not in self._held]
+        if missing:
+            for row, text in zip(missing, self.texts.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
+                body = (_SUBJECT.sub("", text) if ": " in text else text).casefold()
+                self._held[row] = [_holds_term(body, word) for word in self.words]
+        held = np.array([self._held[row] for row in rows.tolist()], dtype=bool)
+        weight = np.log((len(held) + 1.0) / (held.sum(axis=0) + 1.0)) + self.FLOOR
+        return (held * weight).sum(axis=1) / weight.sum()
+
+
+def _holds_term(folded: str, word: str) -> bool:
+    """Whether `folded` (casefolded) holds `word` as a whole term, as `nlp.terms` splits a text (no
+    term character on either side), or with a possessive ("town's" holds "town"). A substring
+    search first: most texts hold none of the words."""
+    at = folded.find(word)
+    while at >= 0:
+        end = at + len(word)
+        if folded.startswith("'s", end):
+            end += 2
+        if (at == 0 or not _TERM_CHAR.match(folded, at - 1)) and not _TERM_CHAR.match(folded, end):
+            return True
+        at = folded.find(word, at + len(word))
+    return False
+
+
+def weigh_question_words(scores: np.ndarray, rows: np.ndarray, words: QuestionWords | None, weight: float) -> np.ndarray:
+    """`scores` (per row of `rows`) times 1 + `weight` x the share of the question's words each row
+    holds (`QuestionWords.shares`); unchanged without `words` or at weight 0."""
+    if words is None or weight <= 0:
+        return scores
+    return scores * (1.0 + weight * words.shares(rows))
 
 
 def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens: np.ndarray, unit_chunk: np.ndarray,
@@ -238,11 +298,11 @@ def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens
             units += [r for r in repeats if codes[r] != unit_code or _others_held(held, codes, unit_chunk, r)]
             replaced = int(tokens[units].sum())
         need = used + cost - replaced - budget
-        funds = _funds({r: v for r, v in held.items() if r not in units}, codes, tokens, unit_chunk, chunk, need) \
-            if need > 0 else []
+        score = max(held[u] for u in units if codes[u] == unit_code)
+        below = {r: v for r, v in held.items() if r not in units and v < score}  # a better node never pays for it
+        funds = _funds(below, codes, tokens, unit_chunk, chunk, need) if need > 0 else []
         if funds is None:
             continue
-        score = max(held[u] for u in units if codes[u] == unit_code)
         for row in (*units, *funds):
             del held[row]
         held[chunk] = score

@@ -168,7 +168,9 @@ class Retriever:
 
         t0 = time.perf_counter()
         cosines = QuestionCosines(self.build.vector_side, query_vector)
-        rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked)  # ascending
+        words = context.QuestionWords(question, self.build.text_column)
+        rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked,
+                                      words)  # ascending
         result.timings["context_ms"] = (time.perf_counter() - t0) * 1000
         first_entries, bridges = entries, np.zeros(0, np.int64)
         if params.second_round_chunks > 0 and len(rows):
@@ -178,7 +180,7 @@ class Retriever:
             if len(bridges):
                 entries, start = rounds.with_bridges(walk, entries, start, bridges, params.second_round_share)
                 support, mass = self.walk(entries, start, params)
-                rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked)
+                rows, relevance = self.select(support, mass, entries, start, params, query_vector, cosines, asked, words)
                 result.entry_points["bridge"] = self.build.id_of(bridges)
             result.timings["second_round_ms"] = (time.perf_counter() - t0) * 1000
 
@@ -264,7 +266,7 @@ class Retriever:
 
     def select(self, support: np.ndarray, mass: np.ndarray, entries: np.ndarray, start: np.ndarray,
                params: SearchConfig, query_vector: np.ndarray, cosines: QuestionCosines | None = None,
-               asked: str = "any") -> tuple[np.ndarray, np.ndarray]:
+               asked: str = "any", words: context.QuestionWords | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Entry points and cross nodes of retrievable types (paper §2.5 steps 3-4), with the score
         each is ranked by in the context. Works on the walk's support only, never the whole graph.
 
@@ -278,7 +280,8 @@ class Retriever:
         weight, on one scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes. A unit holding a value of the
         kind the question asks for (`asked`: a date, a number) has its similarity weighed up
-        (`context.weigh_asked_kind`)."""
+        (`context.weigh_asked_kind`), and the chosen nodes' scores by the question's words each
+        holds (`words`, `context.weigh_question_words`)."""
         codes = self.build.type_codes[support]
         if params.rank != "walk_similarity":
             is_entry, _, _ = steps.entry_mask(support, entries)
@@ -300,7 +303,7 @@ class Retriever:
                                               params.asked_kind_weight)
         chosen, scores = self.steps.select_walk(support, mass, entries, start, params, codes, similarity,
                                                 relation_similarity)
-        return support[chosen], scores
+        return support[chosen], context.weigh_question_words(scores, support[chosen], words, params.question_words_weight)
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """The context's nodes grouped by type (H, A, S, R, T), each group by score, ties by id (= row
