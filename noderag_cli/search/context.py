@@ -21,6 +21,7 @@ Two steps make the context read as answers need (docs/search.md, "What a reader 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import re
@@ -223,7 +224,7 @@ class QuestionWords:
     def __init__(self, question: str, texts: pa.Array):
         self.words = sorted(set(terms(question)))
         self.texts = texts
-        self._held: dict[int, list[bool]] = {}  # per row: which of the words it holds
+        self._held: dict[int, np.ndarray] = {}  # per row: which of the words it holds
 
     def shares(self, rows: np.ndarray) -> np.ndarray:
         """Per row of `rows`, the weight of the question's words it holds over the weight of all of
@@ -232,27 +233,35 @@ class QuestionWords:
             return np.zeros(len(rows))
         missing = [row for row in rows.tolist() if row not in self._held]
         if missing:
-            for row, text in zip(missing, self.texts.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
-                body = (_SUBJECT.sub("", text) if ": " in text else text).casefold()
-                self._held[row] = [_holds_term(body, word) for word in self.words]
+            texts = self.texts.take(pa.array(missing, pa.int64())).to_pylist()
+            found = _held_words([(_SUBJECT.sub("", t) if ": " in t else t).casefold() for t in texts], self.words)
+            self._held.update(zip(missing, found, strict=True))
         held = np.array([self._held[row] for row in rows.tolist()], dtype=bool)
         weight = np.log((len(held) + 1.0) / (held.sum(axis=0) + 1.0)) + self.FLOOR
         return (held * weight).sum(axis=1) / weight.sum()
 
 
-def _holds_term(folded: str, word: str) -> bool:
-    """Whether `folded` (casefolded) holds `word` as a whole term, as `nlp.terms` splits a text (no
-    term character on either side), or with a possessive ("town's" holds "town"). A substring
-    search first: most texts hold none of the words."""
-    at = folded.find(word)
-    while at >= 0:
-        end = at + len(word)
-        if folded.startswith("'s", end):
-            end += 2
-        if (at == 0 or not _TERM_CHAR.match(folded, at - 1)) and not _TERM_CHAR.match(folded, end):
-            return True
-        at = folded.find(word, at + len(word))
-    return False
+def _held_words(folded: list[str], words: list[str]) -> np.ndarray:
+    """Per text of `folded` (casefolded), which of `words` (casefolded) it holds as a whole term, as
+    `nlp.terms` splits a text (no term character on either side), or with a possessive ("town's"
+    holds "town"). The texts are searched joined, a substring search per word: most hold none of
+    the words, and a Python step per hit is cheaper than one per text."""
+    held = np.zeros((len(folded), len(words)), bool)
+    joined = "\n".join(folded)  # a line break is no term character: no term runs across two texts
+    ends = np.cumsum([len(text) + 1 for text in folded]).tolist()  # where each text's line ends, plus one
+    for column, word in enumerate(words):
+        at = joined.find(word)
+        while at >= 0:
+            end = at + len(word)
+            if joined.startswith("'s", end):
+                end += 2
+            if (at == 0 or not _TERM_CHAR.match(joined, at - 1)) and not _TERM_CHAR.match(joined, end):
+                text = bisect.bisect_right(ends, at)
+                held[text, column] = True
+                at = joined.find(word, ends[text])  # the next text
+            else:
+                at = joined.find(word, at + 1)
+    return held
 
 
 def weigh_question_words(scores: np.ndarray, rows: np.ndarray, words: QuestionWords | None, weight: float) -> np.ndarray:
