@@ -163,10 +163,14 @@ def test_question_words_count_by_how_rare_they_are_among_the_candidates():
     assert shares[3] == 0 and shares[4] == 0
     assert np.isclose(words.shares(np.array([5]))[0], 1.0)  # every word ("town's" holds "town")
     scores = np.array([0.1, 0.2, 0.2, 0.3, 0.3])
-    assert context.weigh_question_words(scores, np.arange(5), words, 0.0) is scores
-    assert context.weigh_question_words(scores, np.arange(5), None, 1.5) is scores
-    weighed = context.weigh_question_words(scores, np.arange(5), words, 1.5)
+    codes = np.array([S, S, S, S, H], np.int8)
+    assert context.weigh_question_words(scores, np.arange(5), codes, words, 0.0) is scores
+    assert context.weigh_question_words(scores, np.arange(5), codes, None, 1.5) is scores
+    weighed = context.weigh_question_words(scores, np.arange(5), codes, words, 1.5)
     assert weighed[0] > scores[0] and weighed[3] == scores[3]
+    # a summary is not weighed up by the words of the unit it restates: it would push the unit out
+    summary = context.weigh_question_words(scores, np.arange(5), np.array([H, S, S, S, S], np.int8), words, 1.5)
+    assert summary[0] == scores[0] and summary[1] > scores[1]
     assert context.QuestionWords("Who is it?", texts).shares(np.arange(5)).tolist() == [0.0] * 5  # no words: no change
 
 
@@ -184,8 +188,9 @@ def snowfall(tmp_path_factory) -> api.Session:
     (corpus / "maple_hollow.md").write_text(
         "# Maple Hollow\n\nMaple Hollow is a town in the hills above the river Tamm. Heavy snow in the town is rare: "
         "in the winter of 1916 a storm left the town under 29 inches of snow. Snow fell on the town again in December "
-        "2008, a foot of it, and the town's schools closed for a week. The average snowfall recorded by the volunteers "
-        "of the rowing club at their boathouse since 1931 is 7.4 inches. The town's market is held on Thursdays.\n")
+        "2008, a foot of it, and the town's schools closed for a week. The average snowfall in Maple Hollow, recorded by "
+        "the volunteers of the rowing club at their boathouse since 1931, is 7.4 inches. The town's market is held on "
+        "Thursdays.\n")
     for number, town in enumerate(["Brackwater", "Elmstead", "Corran", "Fallow Cross", "Dunmere", "Gilt"]):
         (corpus / f"town_{number}.md").write_text(
             f"# {town}\n\n{town} is a town on the coast. In the winter of {1950 + number}, a heavy snow event left "

@@ -264,12 +264,21 @@ def _held_words(folded: list[str], words: list[str]) -> np.ndarray:
     return held
 
 
-def weigh_question_words(scores: np.ndarray, rows: np.ndarray, words: QuestionWords | None, weight: float) -> np.ndarray:
-    """`scores` (per row of `rows`) times 1 + `weight` x the share of the question's words each row
-    holds (`QuestionWords.shares`); unchanged without `words` or at weight 0."""
+def weigh_question_words(scores: np.ndarray, rows: np.ndarray, codes: np.ndarray, words: QuestionWords | None,
+                         weight: float) -> np.ndarray:
+    """`scores` (per row of `rows`, of type `codes`) times 1 + `weight` x the share of the question's
+    words each holds (`QuestionWords.shares`, among them), for units and chunks: the passages' own
+    text, which a reader quotes. A summary restating a unit would otherwise outrank it by the same
+    words and push it out as a repeat. Unchanged without `words` or at weight 0."""
     if words is None or weight <= 0:
         return scores
-    return scores * (1.0 + weight * words.shares(rows))
+    own = np.isin(codes, OWN_TEXT_CODES)
+    factor = np.ones(len(scores))
+    factor[own] += weight * words.shares(rows[own])
+    return scores * factor
+
+
+OWN_TEXT_CODES = np.array([TYPE_CODE["S"], TYPE_CODE["T"]], np.int8)
 
 
 def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens: np.ndarray, unit_chunk: np.ndarray,

@@ -303,7 +303,8 @@ class Retriever:
                                               params.asked_kind_weight)
         chosen, scores = self.steps.select_walk(support, mass, entries, start, params, codes, similarity,
                                                 relation_similarity)
-        return support[chosen], context.weigh_question_words(scores, support[chosen], words, params.question_words_weight)
+        return support[chosen], context.weigh_question_words(scores, support[chosen], codes[chosen], words,
+                                                             params.question_words_weight)
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """The context's nodes grouped by type (H, A, S, R, T), each group by score, ties by id (= row
