@@ -42,7 +42,7 @@ VERSION = 3  # of the neighbour lists' definition: stored lists of another versi
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
-CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against their probed clusters at a time
+CLUSTER_BLOCK = 4096  # rows (of neighbouring home clusters) scored against their probed clusters at a time
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
                                ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
@@ -202,7 +202,7 @@ class _Lists:
     reused: np.ndarray  # rows taken from the earlier run
     lost_at: np.ndarray  # per reused row, the first of its first k positions whose candidate was deleted (k: none)
     is_new: np.ndarray  # rows the earlier run did not have
-    before: np.ndarray  # the first k of each row as taken in
+    before: np.ndarray  # the first k of each reused row as taken in
 
     @classmethod
     def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None) -> _Lists:
@@ -216,7 +216,7 @@ class _Lists:
             reused, lost_at = _take_previous(previous, ids, k, candidates, scores, kept)
             is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
                 zero_copy_only=False)
-        return cls(k, candidates, scores, kept, reused, lost_at, is_new, candidates[:, :k].copy())
+        return cls(k, candidates, scores, kept, reused, lost_at, is_new, candidates[reused, :k])
 
     def last(self) -> tuple[np.ndarray, np.ndarray]:
         """Per row, the score and column of the last entry of a reused row's list: a new row enters
@@ -232,13 +232,17 @@ class _Lists:
     def pruned(self, grid: np.ndarray, searched: int, centroids: np.ndarray | None = None) -> Neighbours:
         """The lists with the heuristic rerun on the rows whose first k changed, from the first
         position that changed: the flags before it depend only on the candidates before it."""
-        k = self.k
+        k, n = self.k, len(self.reused)
         kept = self.kept[:, :k]
-        changed = self.candidates[:, :k] != self.before
-        first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
-        start = np.where(self.reused, np.minimum(first, self.lost_at), 0)
+        old = np.flatnonzero(self.reused)
+        changed = self.candidates[old, :k] != self.before
+        start = np.zeros(n, np.int64)  # a searched row is pruned whole
+        start[old] = np.minimum(np.where(changed.any(axis=1), changed.argmax(axis=1), k), self.lost_at[old])
         redo = np.flatnonzero(start < k)
-        kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
+        if len(redo) == n:  # every row (a full build): the lists themselves, not a copy of them
+            kept[:] = prune(grid, self.candidates[:, :k], self.scores[:, :k], start, kept)
+        else:
+            kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
         return Neighbours(self.candidates, self.scores, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
 
@@ -294,7 +298,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
         clusters = Clusters(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
     lists = _Lists.start(keys, k, width, previous)
     search = np.flatnonzero(~lists.reused)
-    lists.candidates[search], lists.scores[search] = _clustered_search(grid, clusters, search, width, probes)
+    _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores)
     old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
     if len(old) and len(new):
         last_score, last_col = lists.last()
@@ -303,10 +307,12 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     return lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
 
 
-def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int,
-                      probes: int) -> tuple[np.ndarray, np.ndarray]:
+def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int, probes: int,
+                      candidates: np.ndarray, scores: np.ndarray) -> None:
     """The `width` best candidates (and scores) of each of `rows` among the members of its probed
-    clusters.
+    clusters, written into those rows of `candidates` and `scores` (all rows' lists) by the block
+    that found them: a second full-size pair of arrays, and the blocks' results held until all are
+    done, were the stage's largest copies.
 
     Rows are taken in blocks of neighbouring home clusters (their nearest; `_chain`), and their
     probed clusters in phases by rank (`PROBE_PHASES`). In each phase, for each cluster the block's
@@ -352,19 +358,13 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
             bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
             for w, who in by_cluster(probed[rows, lo:hi]):
                 start, stop = indptr[w], indptr[w + 1]
-                scores = (vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale
-                r, c = np.nonzero(scores >= bound[who, None])
+                found_scores = (vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale
+                r, c = np.nonzero(found_scores >= bound[who, None])
                 if len(r):
-                    parts.append((who[r], members[start + c], scores[r, c]))
-        return rows, _best_of(parts, rows, n, width)
+                    parts.append((who[r], members[start + c], found_scores[r, c]))
+        candidates[rows], scores[rows] = _best_of(parts, rows, n, width)  # blocks' rows are disjoint
 
-    candidates = np.full((len(rows), width), -1, np.int64)
-    scores = np.full((len(rows), width), -np.inf, np.float32)
-    at = np.empty(n, np.int64)
-    at[rows] = np.arange(len(rows))
-    for block_rows, (block_candidates, block_scores) in in_parallel(block, blocks):
-        candidates[at[block_rows]], scores[at[block_rows]] = block_candidates, block_scores
-    return candidates, scores
+    in_parallel(block, blocks)
 
 
 NEWCOMER_BLOCK = 64  # changed clusters scored at a time
