@@ -188,14 +188,20 @@ def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nda
     dst = pc.index_in(edges["target"], value_set=id_column)
     if src.null_count or dst.null_count:
         raise ValueError("edge table names a node that is not in the node table")
-    src = src.to_numpy(zero_copy_only=False).astype(np.int64)
-    dst = dst.to_numpy(zero_copy_only=False).astype(np.int64)
-    weight = edges["weight"].to_numpy().astype(np.float64)
+    src = src.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)  # rows, as index_in gives them
+    dst = dst.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
-    order = np.argsort(rows * max(n, 1) + cols, kind="stable")  # lexsort((cols, rows))'s order, one key
+    del src, dst  # the graph-wide arrays are let go as soon as their copies are made: at a million
+    key = rows.astype(np.int64)  # passages each is hundreds of megabytes
+    key *= max(n, 1)
+    key += cols
+    order = np.argsort(key, kind="stable")  # lexsort((cols, rows))'s order, one key
+    del key
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr, cols[order].astype(np.int32), np.concatenate([weight, weight])[order]
+    del rows
+    weight = edges["weight"].to_numpy().astype(np.float64)
+    return indptr, cols[order], np.concatenate([weight, weight])[order]
 
 
 @dataclass
