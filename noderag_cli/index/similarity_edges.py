@@ -42,7 +42,7 @@ VERSION = 3  # of the neighbour lists' definition: stored lists of another versi
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
-CLUSTER_BLOCK = 4096  # rows (of neighbouring home clusters) scored against their probed clusters at a time
+CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against their probed clusters at a time
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
                                ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
