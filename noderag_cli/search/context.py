@@ -6,7 +6,7 @@ one global order (score, then type rank, then id) so a cheap, relevant unit is n
 crowded out by a long chunk that happens to come first in type order; the result is
 then shown grouped by type.
 
-Two steps make the context read as answers need (docs/search.md, "What a reader gets"):
+Three steps make the context read as answers need (docs/search.md, "What a reader gets"):
 - **What the question asks** (`weigh_asked_kind`): "when" asks for a date, "how many" for a number;
   a unit that holds such a value is worth more than its likeness to the question says, since the
   sentence that answers rarely repeats the question's words.
