@@ -178,8 +178,8 @@ class SearchConfig(_Section):
         0.5, ge=0, description="a unit that holds a value of the kind the question asks for (a date for 'when', a "
         "number for 'how many') counts its similarity 1 + this times (0: off; search/context.py)")
     question_words_weight: float = Field(
-        1.5, ge=0, description="walk_similarity: a chosen node's score counts 1 + this times the share of the "
-        "question's words it holds, each by how rare it is among the chosen (0: off; search/context.py)")
+        1.5, ge=0, description="walk_similarity: a chosen unit's or chunk's score counts 1 + this times the share "
+        "of the question's words it holds, each by how rare it is among them (0: off; search/context.py)")
     whole_chunks: int = Field(
         2, ge=0, description="the best documents (this many) whose chunk costs at most three times the units of it "
         "the context holds are shown as that chunk, in place of its scattered units, funded by summaries, relationships "

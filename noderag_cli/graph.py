@@ -191,8 +191,10 @@ def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nda
     src = src.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)  # rows, as index_in gives them
     dst = dst.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
-    del src, dst  # the graph-wide arrays are let go as soon as their copies are made: at a million
-    key = rows.astype(np.int64)  # passages each is hundreds of megabytes
+    # each graph-wide temporary is let go once its copy is made: at a million passages each is
+    # hundreds of megabytes
+    del src, dst
+    key = rows.astype(np.int64)
     key *= max(n, 1)
     key += cols
     order = np.argsort(key, kind="stable")  # lexsort((cols, rows))'s order, one key

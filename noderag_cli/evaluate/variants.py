@@ -34,8 +34,8 @@ Every variant runs on the same indexed workspace, without re-indexing:
   (`whole_chunks` 0).
 - `no-asked-kind`: units ranked without regard to the kind of value the question asks for
   (`asked_kind_weight` 0).
-- `no-question-words`: nodes ranked by walk and vector alone, not also by the question's words
-  they hold (`question_words_weight` 0).
+- `no-question-words`: units and chunks ranked by walk and vector alone, not also by the
+  question's words they hold (`question_words_weight` 0).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _variants() -> dict[str, StrategySpec]:
                      lambda s: _search(s.retriever, whole_chunks=0)),
         StrategySpec("no-asked-kind", "ablation", "units ranked without the kind of value the question asks for",
                      lambda s: _search(s.retriever, asked_kind_weight=0.0)),
-        StrategySpec("no-question-words", "ablation", "nodes ranked without the question's words they hold",
+        StrategySpec("no-question-words", "ablation", "units and chunks ranked without the question's words they hold",
                      lambda s: _search(s.retriever, question_words_weight=0.0)),
     ]
     return {spec.name: spec for spec in specs}

@@ -188,13 +188,16 @@ _SUBJECT = re.compile(r"^(?:[^:.!?]{1,120}: )+")
 _TERM_CHAR = re.compile(TERM_CHAR)
 
 
+def without_subject(text: str) -> str:
+    """`text` without its "Subject: " prefixes (a unit's document name, a summary's entity)."""
+    return _SUBJECT.sub("", text) if ": " in text else text  # no subject prefix without one
+
+
 def sentence_keys(text: str) -> frozenset[str]:
     """Each sentence of a node, without "Subject: " prefixes, case- and space-folded."""
     keys = set()
     for sentence in _SENTENCE_END.split(text):
-        if ": " in sentence:  # no subject prefix without one
-            sentence = _SUBJECT.sub("", sentence)
-        key = " ".join(sentence.split()).casefold()
+        key = " ".join(without_subject(sentence).split()).casefold()
         if len(key) > 12:
             keys.add(key)
     return frozenset(keys)
@@ -234,7 +237,7 @@ class QuestionWords:
         missing = [row for row in rows.tolist() if row not in self._held]
         if missing:
             texts = self.texts.take(pa.array(missing, pa.int64())).to_pylist()
-            found = _held_words([(_SUBJECT.sub("", t) if ": " in t else t).casefold() for t in texts], self.words)
+            found = _held_words([without_subject(text).casefold() for text in texts], self.words)
             self._held.update(zip(missing, found, strict=True))
         held = np.array([self._held[row] for row in rows.tolist()], dtype=bool)
         weight = np.log((len(held) + 1.0) / (held.sum(axis=0) + 1.0)) + self.FLOOR
@@ -264,6 +267,10 @@ def _held_words(folded: list[str], words: list[str]) -> np.ndarray:
     return held
 
 
+OWN_TEXT_CODES = np.array([TYPE_CODE["S"], TYPE_CODE["T"]], np.int8)
+"""Units and chunks: the passages' own text (`weigh_question_words`)."""
+
+
 def weigh_question_words(scores: np.ndarray, rows: np.ndarray, codes: np.ndarray, words: QuestionWords | None,
                          weight: float) -> np.ndarray:
     """`scores` (per row of `rows`, of type `codes`) times 1 + `weight` x the share of the question's
@@ -276,9 +283,6 @@ def weigh_question_words(scores: np.ndarray, rows: np.ndarray, codes: np.ndarray
     factor = np.ones(len(scores))
     factor[own] += weight * words.shares(rows[own])
     return scores * factor
-
-
-OWN_TEXT_CODES = np.array([TYPE_CODE["S"], TYPE_CODE["T"]], np.int8)
 
 
 def whole_chunks(kept: np.ndarray, scores: np.ndarray, codes: np.ndarray, tokens: np.ndarray, unit_chunk: np.ndarray,

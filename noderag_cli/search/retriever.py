@@ -280,8 +280,8 @@ class Retriever:
         weight, on one scale with the rest. Entity and overview nodes count for what they lead to: the A nodes of
         matched or top-scoring N nodes, the H nodes of matched O nodes. A unit holding a value of the
         kind the question asks for (`asked`: a date, a number) has its similarity weighed up
-        (`context.weigh_asked_kind`), and the chosen nodes' scores by the question's words each
-        holds (`words`, `context.weigh_question_words`)."""
+        (`context.weigh_asked_kind`), and the chosen units' and chunks' scores by the question's
+        words each holds (`words`, `context.weigh_question_words`)."""
         codes = self.build.type_codes[support]
         if params.rank != "walk_similarity":
             is_entry, _, _ = steps.entry_mask(support, entries)
@@ -303,8 +303,8 @@ class Retriever:
                                               params.asked_kind_weight)
         chosen, scores = self.steps.select_walk(support, mass, entries, start, params, codes, similarity,
                                                 relation_similarity)
-        return support[chosen], context.weigh_question_words(scores, support[chosen], codes[chosen], words,
-                                                             params.question_words_weight)
+        rows = support[chosen]
+        return rows, context.weigh_question_words(scores, rows, codes[chosen], words, params.question_words_weight)
 
     def nodes_for(self, rows: np.ndarray, scores: np.ndarray) -> list[RetrievedNode]:
         """The context's nodes grouped by type (H, A, S, R, T), each group by score, ties by id (= row
