@@ -16,7 +16,7 @@ from .errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a weight of 1e400 is no setting but a typo
 
 
 class ChunkConfig(_Section):

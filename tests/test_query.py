@@ -259,6 +259,15 @@ def test_a_search_only_config_keeps_the_workspace_embedding(tmp_path):
     assert 0 < json.loads(run.stdout)["context_tokens"] <= 300
 
 
+@pytest.mark.parametrize("value", [-1, "abc", "1e400", ".nan"])
+def test_a_search_weight_that_is_no_finite_number_at_or_above_zero_is_a_one_line_error(workspace, tmp_path, value):
+    config = tmp_path / "weights.yaml"
+    config.write_text(f"search: {{question_words_weight: {value}}}\n")
+    run = noderag("query", str(workspace), "Who founded Vessmouth?", "--config", str(config))
+    assert run.returncode == 2 and "search.question_words_weight" in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
 def test_an_embedding_model_that_is_not_bundled_is_a_one_line_error(tmp_path):
     config = tmp_path / "dim64.yaml"
     config.write_text(yaml.safe_dump({"embedding": {"dim": 64}}))
