@@ -180,9 +180,11 @@ def row_entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
 
 
-def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The symmetric adjacency of an edge table over the nodes `id_column` (in that order) as CSR
-    arrays: indptr (int64), columns sorted within a row (int32), weights (float64)."""
+    positions: indptr (int64), columns sorted within a row (int32), and per entry the edge it comes
+    from (int64: entry k is edge `order[k]` of the table, seen from its source when below the
+    table's length, else edge `order[k]` - length seen from its target)."""
     n = len(id_column)
     src = pc.index_in(edges["source"], value_set=id_column)
     dst = pc.index_in(edges["target"], value_set=id_column)
@@ -202,8 +204,20 @@ def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nda
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
     del rows
-    weight = edges["weight"].to_numpy().astype(np.float64)
-    return indptr, cols[order], np.concatenate([weight, weight])[order]
+    return indptr, cols[order], order
+
+
+def per_entry(edges: pa.Table, column: str, order: np.ndarray, dtype) -> np.ndarray:
+    """A column of an edge table per CSR entry (`csr_entries`' order)."""
+    values = np.asarray(edges[column].to_numpy(), dtype)
+    return np.concatenate([values, values])[order]
+
+
+def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The symmetric adjacency of an edge table over the nodes `id_column` (in that order) as CSR
+    arrays: indptr (int64), columns sorted within a row (int32), weights (float64)."""
+    indptr, indices, order = csr_entries(id_column, edges)
+    return indptr, indices, per_entry(edges, "weight", order, np.float64)
 
 
 @dataclass

@@ -159,37 +159,47 @@ def test_half_precision_rows_widen_exactly_both_ways():
     assert np.array_equal(widen(vectors, rows).view(np.uint32), expected.view(np.uint32))
 
 
-def test_adjacency_sums_match_scipy_bit_for_bit():
-    """`Adjacency.plus` (how the walk's structural and similarity parts are combined) against
-    scipy's a + scale x b: the same entries, the same bits, cancelled entries dropped. Weights come
-    from a few values, and b is a part of a (as the similarity share is of the whole), so that with
-    scale -1 many pairs cancel exactly."""
-    from noderag_cli.search.prepare import Adjacency
+def test_edge_parts_give_scipys_sums_bit_for_bit():
+    """`EdgeParts.adjacency` (the walk's structural edges plus w x its similarity edges) against
+    scipy's (whole - similar) + w x similar over the same edge table: the same entries, the same
+    bits, cancelled entries dropped. Weights come from a few values and pairs of weight 1 found by
+    the similarity stage alone cancel exactly; a self-loop is one entry of twice its weight, as in
+    scipy's M + M^T."""
+    import pyarrow as pa
+
+    from noderag_cli.search.prepare import edge_parts
 
     rng = np.random.default_rng(7)
     n = 300
+    ids = [f"S_{i:016x}" for i in range(n)]
+    pairs = np.unique(np.sort(rng.integers(0, n, (2500, 2)), axis=1), axis=0)
+    pairs = np.vstack([pairs[pairs[:, 0] != pairs[:, 1]], [[5, 5], [9, 9]]])  # two self-loops
+    m = len(pairs)
+    hnsw = rng.random(m) < 0.4
+    weight = np.where(hnsw & (rng.random(m) < 0.5), 1.0, rng.choice([1.0, 2.0, 3.0, 1.5], m)) + hnsw
+    hnsw[-1] = True
+    edges = pa.table({"source": pa.array([ids[i] for i in pairs[:, 0]]), "target": pa.array([ids[i] for i in pairs[:, 1]]),
+                      "weight": pa.array(weight.astype(np.float32)), "hnsw": pa.array(hnsw)})
+    parts = edge_parts(pa.table({"id": pa.array(ids)}), edges)
 
-    def random_symmetric(density: float) -> sp.csr_matrix:
-        upper = sp.random(n, n, density=density, random_state=rng, format="csr",
-                          data_rvs=lambda k: rng.choice([0.5, 1.0, 1.5, 2.0, 3.0], k))
-        matrix = (upper + upper.T).tocsr()
-        matrix.sort_indices()
-        return matrix
+    def symmetric(values: np.ndarray) -> sp.csr_matrix:
+        upper = sp.csr_matrix((values, (pairs[:, 0], pairs[:, 1])), shape=(n, n))
+        return (upper + upper.T).tocsr()
 
-    for scale in (1.0, -1.0, 0.37):
-        b = random_symmetric(0.03)
-        a = (random_symmetric(0.05) + b).tocsr()
-        a.sort_indices()
-        expected = (a + b * scale).tocsr()
+    whole, similar = symmetric(weight.astype(np.float32).astype(np.float64)), symmetric(hnsw.astype(np.float64))
+    for scale in (0.0, 1.0, 0.37):
+        expected = ((whole - similar) + similar * scale).tocsr()
         expected.eliminate_zeros()
         expected.sort_indices()
-        got = Adjacency(a.indptr.astype(np.int64), a.indices.astype(np.int32), a.data).plus(
-            Adjacency(b.indptr.astype(np.int64), b.indices.astype(np.int32), b.data), scale)
+        got = parts.adjacency(scale)
         assert np.array_equal(got.indptr, expected.indptr)
         assert np.array_equal(got.indices, expected.indices)
         assert got.data.tobytes() == expected.data.astype(np.float64).tobytes()
-        if scale == -1.0:  # pairs only b held cancelled, and are gone
-            assert len(got.indices) < len(a.indices)
+        if scale == 0.0:  # the pairs only the similarity stage found are gone
+            assert len(got.indices) < len(parts.indices)
+    walk = parts.adjacency(1.0)
+    row = slice(walk.indptr[5], walk.indptr[6])
+    assert walk.data[row][walk.indices[row] == 5].tolist() == [2 * weight[-2]]
 
 
 def test_id_hashes_give_the_ids_back_and_refuse_other_ids():

@@ -19,7 +19,7 @@ from ..node_types import NODE_TYPES, TYPE_CODE, TYPE_LETTERS
 from .entry import NameIndex
 from .ppr import WalkMatrix
 from .prepare import VERSION as PREPARED_VERSION
-from .prepare import WALK_ARRAYS, node_ids, split_adjacency, walk_matrix
+from .prepare import WALK_ARRAYS, edge_parts, node_ids, walk_matrix
 from .vectors import VectorSide
 
 
@@ -107,18 +107,8 @@ class Build:
         return Graph.from_tables(*self._tables)
 
     @functools.cached_property
-    def _split(self):
-        return split_adjacency(*self._tables)
-
-    @property
-    def structural(self):
-        """The structural edges' adjacency (`prepare.Adjacency`)."""
-        return self._split[0]
-
-    @property
-    def similar(self):
-        """The similarity (HNSW) share of each pair (`prepare.Adjacency`)."""
-        return self._split[1]
+    def _edge_parts(self):
+        return edge_parts(*self._tables)
 
     def id_of(self, rows: np.ndarray) -> list[str]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -129,7 +119,7 @@ class Build:
         configured weight, any other built once per weight from the tables."""
         weight = float(similarity_weight)
         if weight not in self._walks:
-            self._walks[weight] = walk_matrix(self.structural, self.similar, weight)
+            self._walks[weight] = walk_matrix(self._edge_parts, weight)
         return self._walks[weight]
 
     def document_paths(self, codes: np.ndarray) -> list[str]:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .. import ivf, nlp
 from ..errors import DamagedError
-from ..graph import csr_arrays, row_entries
+from ..graph import csr_entries, per_entry, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import KEY_SEPARATOR, NameIndex, name_words
@@ -70,66 +70,61 @@ class Prepared:
         return self.tables[name]
 
 
-def similarity_share(edges: pa.Table) -> pa.Table:
-    """The similarity part of each edge: weight 1 on every pair the similarity stage added (a row of
-    kind "similarity", or a structural pair it also found, whose weight it raised by 1), none elsewhere."""
-    table = edges.filter(edges["hnsw"])
-    return table.set_column(table.schema.get_field_index("weight"), "weight",
-                            pa.array(np.ones(table.num_rows, np.float32)))
+@dataclass(frozen=True)
+class Adjacency:
+    """A symmetric weighted adjacency as canonical CSR arrays (rows ascending, columns sorted, no zeros)."""
+
+    indptr: np.ndarray  # int64
+    indices: np.ndarray  # int32
+    data: np.ndarray  # float64
 
 
 @dataclass(frozen=True)
-class Adjacency:
-    """A symmetric weighted adjacency as canonical CSR arrays (rows ascending, columns sorted, no
-    zeros), combined by entry codes (row x n + column) in numpy."""
+class EdgeParts:
+    """The adjacency of the edge table entry by entry in two parts: the structural weight (an edge's
+    weight less the 1 the similarity stage added to each pair it found, its `hnsw` flag) and that
+    similarity share, so that the walk weighs similarity edges by search.similarity_weight without
+    re-indexing. One sort of the edges serves every weight."""
 
-    indptr: np.ndarray
-    indices: np.ndarray
-    data: np.ndarray  # float64
+    indptr: np.ndarray  # int64
+    indices: np.ndarray  # int32, sorted within a row, one entry per neighbour
+    structural: np.ndarray  # float64 per entry
+    similar: np.ndarray  # uint8 per entry
 
-    @property
-    def n(self) -> int:
-        return len(self.indptr) - 1
-
-    def codes(self) -> np.ndarray:
-        rows = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.indptr))
-        return rows * self.n + self.indices
-
-    @classmethod
-    def from_codes(cls, n: int, codes: np.ndarray, values: np.ndarray) -> Adjacency:
-        """Sum the values of equal codes (in input order, from 0: the bits of scipy's a + b), drop
-        zeros. A stable sort keeps equal codes in input order, and merges the sorted runs of `plus`'s
-        two canonical inputs (cheaper than `np.unique`'s sort and inverse)."""
-        order = np.argsort(codes, kind="stable")
-        codes = codes[order]
-        first = np.empty(len(codes), bool)
-        first[:1] = True
-        np.not_equal(codes[1:], codes[:-1], out=first[1:])
-        unique = codes[first]
-        sums = np.bincount(np.cumsum(first) - 1, weights=np.asarray(values, np.float64)[order], minlength=len(unique))
-        keep = sums != 0
-        unique, sums = unique[keep], sums[keep]
-        indptr = np.r_[0, np.cumsum(np.bincount(unique // max(n, 1), minlength=n))].astype(np.int64)
-        return cls(indptr, (unique % max(n, 1)).astype(np.int32), sums)
-
-    def plus(self, other: Adjacency, scale: float = 1.0) -> Adjacency:
-        """self + scale x other."""
-        return Adjacency.from_codes(self.n, np.concatenate([self.codes(), other.codes()]),
-                                    np.concatenate([self.data, other.data * scale]))
+    def adjacency(self, similarity_weight: float) -> Adjacency:
+        """structural + similarity_weight x similarity share, cancelled entries dropped (weight 0:
+        the structural edges alone); each entry has the bits of scipy's a + w x b."""
+        values = self.similar * np.float64(similarity_weight)
+        values += self.structural
+        keep = values != 0
+        kept_before = np.zeros(len(keep) + 1, np.int64)
+        np.cumsum(keep, out=kept_before[1:])
+        return Adjacency(kept_before[self.indptr], self.indices[keep], values[keep])
 
 
-def split_adjacency(nodes: pa.Table, edges: pa.Table) -> tuple[Adjacency, Adjacency]:
-    """(structural, similar): the adjacency split in two, structural edges and the similarity
-    (HNSW) share of each pair, so the walk can weigh similarity edges by search.similarity_weight
-    without re-indexing."""
-    ids = nodes["id"].combine_chunks()
-    whole, similar = Adjacency(*csr_arrays(ids, edges)), Adjacency(*csr_arrays(ids, similarity_share(edges)))
-    return whole.plus(similar, -1.0), similar
+def edge_parts(nodes: pa.Table, edges: pa.Table) -> EdgeParts:
+    """The edge table's `EdgeParts` over the nodes in table order."""
+    indptr, indices, order = csr_entries(nodes["id"].combine_chunks(), edges)
+    similar = per_entry(edges, "hnsw", order, np.uint8)
+    structural = per_entry(edges, "weight", order, np.float64)
+    del order
+    structural -= similar
+    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int32), np.diff(indptr))
+    repeated = (indices[1:] == indices[:-1]) & (rows[1:] == rows[:-1])
+    del rows
+    if repeated.any():  # a pair listed twice (a self-loop is, once from each end): one entry, summed
+        first = np.r_[True, ~repeated]
+        group = np.cumsum(first) - 1
+        structural = np.bincount(group, weights=structural)
+        similar = np.bincount(group, weights=similar).astype(np.uint8)
+        firsts_before = np.r_[0, np.cumsum(first)]
+        indptr, indices = firsts_before[indptr], indices[first]
+    return EdgeParts(indptr, indices, structural, similar)
 
 
-def walk_matrix(structural: Adjacency, similar: Adjacency, weight: float) -> WalkMatrix:
+def walk_matrix(parts: EdgeParts, weight: float) -> WalkMatrix:
     """P of structural edges + weight x similarity edges."""
-    adjacency = structural.plus(similar, weight) if weight else structural
+    adjacency = parts.adjacency(weight)
     return WalkMatrix.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
 
 
@@ -470,8 +465,10 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
             out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
             out.meta["scan8"] = {"scale": scale, "error": error}
 
-        structural, similar = split_adjacency(nodes, edges)
-        walk = walk_matrix(structural, similar, similarity_weight)
+        parts = edge_parts(nodes, edges)
+        structural = parts.adjacency(0.0)
+        walk = walk_matrix(parts, similarity_weight)
+        del parts
         for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights, walk.inverse), strict=True):
             out.arrays[name] = array
         out.meta["walk_similarity_weight"] = float(similarity_weight)
