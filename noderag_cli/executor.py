@@ -20,6 +20,8 @@ the others go on.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
 import select
@@ -28,6 +30,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+import pyarrow as pa
 
 from . import ivf
 from .config import ExecutorConfig
@@ -165,3 +169,15 @@ def make_executor(config: ExecutorConfig) -> Executor:
 
         return RayExecutor(config)
     return Executor(local_workers(config))
+
+
+def release_memory() -> None:
+    """Give freed memory back to the system: glibc's heap and Arrow's pool keep freed pages for
+    reuse, and between stages that was as much again as the process still used (at 32,000
+    passages, 1.3 GB resident before the similarity stage, 0.7 GB after this); results unpickled
+    from workers live in glibc's heap, which Arrow's pool (mimalloc) does not reuse. Called before
+    each stage, and inside one where its largest tables are let go. (No `gc.collect()`: it freed
+    nothing here, and cost 20 ms a call at MuSiQue size.)"""
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

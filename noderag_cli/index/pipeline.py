@@ -35,7 +35,7 @@ from ..config import COST_ONLY, Config, changed, config_to_yaml
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
-from ..executor import Executor
+from ..executor import Executor, release_memory
 from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, Workspace
@@ -43,7 +43,7 @@ from . import assemble
 from .outputs import Output
 from .scan import keep_last_content, remember
 from .scan import scan as scan_files
-from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point, release_memory
+from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables

@@ -13,8 +13,6 @@ process at a chosen point.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -34,7 +32,7 @@ from ..cache import SCAN
 from ..config import Config
 from ..embeddings import Embedder
 from ..engines.base import Engine
-from ..executor import Executor
+from ..executor import Executor, release_memory
 from ..files import atomic_write_with, file_digest, write_parquet
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, merge_edges
@@ -249,17 +247,6 @@ def _chunk(run: StageRun) -> dict:
         run.reporter.warn(f"could not read {path}: {reason}")
     return {"documents": documents.num_rows, "chunks": chunks.num_rows, "extracted": counts["extracted"],
             "failures": counts["failed"]}
-
-
-def release_memory() -> None:
-    """Give freed memory back to the system: glibc's heap and Arrow's pool keep freed pages for
-    reuse, and between stages that was as much again as the process still used (at 32,000
-    passages, 1.3 GB resident before the similarity stage, 0.7 GB after this). Called before each
-    stage, and inside one where its largest tables are let go. (No `gc.collect()`: it freed nothing
-    here, and cost 20 ms a call at MuSiQue size.)"""
-    pa.default_memory_pool().release_unused()
-    with contextlib.suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _decompose(run: StageRun) -> dict:
