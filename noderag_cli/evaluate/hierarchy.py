@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from .. import nlp
 from ..engines.base import CommunityInput, Failure
 from ..files import atomic_write_bytes, json_digest, parquet_bytes
-from ..graph import row_entries
+from ..graph import distinct, row_entries
 from ..index.communities import leiden_labels
 from ..node_types import COMMUNITY_CONTENT_TYPES
 from ..search.results import RetrievedNode
@@ -79,7 +79,7 @@ class Hierarchy:
         if level == 0:
             return np.flatnonzero(inside)
         below = self.labels[level - 1][inside]
-        return np.unique(below[below >= 0])
+        return distinct(below[below >= 0])
 
 
 # --------------------------------------------------------------------------- stored
@@ -204,7 +204,7 @@ def summarise(engine, statements: list[tuple[str, ...]]) -> list[str]:
 
 def _documents(retriever, rows: np.ndarray) -> list[str]:
     """The paths of the documents the given workspace nodes come from, sorted."""
-    codes = np.unique(retriever.build.doc_codes[row_entries(retriever.build.doc_indptr, np.asarray(rows, np.int64))])
+    codes = distinct(retriever.build.doc_codes[row_entries(retriever.build.doc_indptr, np.asarray(rows, np.int64))])
     return sorted(retriever.build.document_paths(codes))
 
 
@@ -224,13 +224,13 @@ def graphrag(setup) -> Hierarchy:
         above = labels[-1]
         below = above.copy()
         next_label = int(above.max(initial=-1)) + 1
-        for community in np.unique(above[above >= 0]).tolist():
+        for community in distinct(above[above >= 0]).tolist():
             members = np.flatnonzero(above == community)
             if len(members) <= GRAPHRAG_MAX_CLUSTER:
                 continue
             r, c, w = _upper(structure[members][:, members])
             parts = leiden_labels(len(members), r, c, np.ones(len(r)), graph_config.seed, graph_config.leiden_resolution)
-            if len(np.unique(parts)) > 1:
+            if len(distinct(parts)) > 1:
                 below[members[parts > 0]] = next_label + parts[parts > 0] - 1
                 next_label += int(parts.max())
         labels.append(_labels_in_order(below))
@@ -348,7 +348,7 @@ def _assemble(setup, base, labels, level, text, members_of, within: bool) -> Hie
     documents = [_documents(retriever, base[m]) if t else [] for t, m in zip(text, members_of, strict=True)]
     links = [np.zeros(0, np.int64) for _ in text]
     if within:
-        for depth in np.unique(level).tolist():
+        for depth in distinct(level).tolist():
             rows = np.flatnonzero(level == depth)
             for row, near in zip(rows.tolist(), nearest(vectors[rows], SIMILAR_NEIGHBOURS), strict=True):
                 links[row] = rows[near]

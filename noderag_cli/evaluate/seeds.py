@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ..graph import distinct
 from ..search.results import Retrieval
 from . import hierarchy
 from .baselines import (
@@ -58,7 +59,7 @@ def archrag(setup: Setup, question: str, budget: int, kind: str = "archrag", lay
                 pool = h.at(depth)
             else:
                 below = np.concatenate([h.children(r) for r in chosen.tolist()] or [np.zeros(0, np.int64)])
-                pool = np.unique(np.concatenate([below, *(h.within[r] for r in below.tolist())]).astype(np.int64))
+                pool = distinct(np.concatenate([below, *(h.within[r] for r in below.tolist())]).astype(np.int64))
                 pool = pool if len(pool) else h.at(depth)
             pool = pool[h.tokens[pool] > 0]
             if not len(pool):
@@ -72,7 +73,7 @@ def archrag(setup: Setup, question: str, budget: int, kind: str = "archrag", lay
                      if c >= ARCHRAG_FILTER * best}
         members = np.concatenate([h.children(r) for r in chosen.tolist()] or [np.zeros(0, np.int64)])
     cosine = _dot(side.entity_vectors, query)
-    pool = np.unique(np.concatenate([members, np.argsort(-cosine, kind="stable")[:ARCHRAG_TOP]]).astype(np.int64))
+    pool = distinct(np.concatenate([members, np.argsort(-cosine, kind="stable")[:ARCHRAG_TOP]]).astype(np.int64))
     order = np.lexsort((pool, -cosine[pool]))[:ARCHRAG_TOP]
     picked = pool[order]
     picked = picked[cosine[picked] >= ARCHRAG_FILTER * cosine[picked[0]]] if len(picked) else picked

@@ -29,7 +29,7 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, distinct
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, prepare
 from ..workspace import Workspace
@@ -61,7 +61,7 @@ def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
     chunk = pc.fill_null(found, 0).to_numpy()[known]
     owner = np.repeat(owner[known], count[chunk])
     pair = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
-    codes = np.unique(owner.astype(np.int64) * len(docs) + doc_code[pair])
+    codes = distinct(owner.astype(np.int64) * len(docs) + doc_code[pair])
     offsets = np.r_[0, np.cumsum(np.bincount(codes // max(len(docs), 1), minlength=len(lengths)))].astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
 

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..graph import distinct
 from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
 
 VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
@@ -388,7 +389,7 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
     order = np.lexsort((prober, probed))
     probed, prober = probed[order], prober[order]
     probed_at = np.searchsorted(probed, np.arange(count + 1))
-    changed = np.unique(gained)
+    changed = distinct(gained)
 
     def block(start: int):
         parts = []
@@ -496,7 +497,7 @@ def pairs(neighbours: Neighbours) -> np.ndarray:
     n, k = neighbours.kept.shape
     rows = np.repeat(np.arange(n, dtype=np.int64), k)[neighbours.kept.ravel()]
     cols = neighbours.candidates[:, :k].ravel()[neighbours.kept.ravel()]
-    codes = np.unique(np.minimum(rows, cols) * n + np.maximum(rows, cols))
+    codes = distinct(np.minimum(rows, cols) * n + np.maximum(rows, cols))
     return np.stack([codes // max(n, 1), codes % max(n, 1)], axis=1)
 
 

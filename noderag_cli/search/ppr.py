@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import row_entries
+from ..graph import distinct, row_entries
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def shallow_ppr(walk: WalkMatrix, entries: np.ndarray, alpha: float, iterations:
     step nodes with `min_mass` or less are let go. A hub's mass spread over thousands of neighbours
     would otherwise carry the walk over much of a large graph for scores too small to rank."""
     if start is None:
-        entries = np.unique(entries)
+        entries = distinct(entries)
         start = uniform_start(entries)
     support, mass = entries, start.copy()
     for _ in range(iterations):

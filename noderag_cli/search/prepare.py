@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .. import ivf, nlp
 from ..errors import DamagedError
-from ..graph import csr_entries, per_entry, row_entries
+from ..graph import csr_entries, distinct, per_entry, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import KEY_SEPARATOR, NameIndex, name_words
@@ -247,12 +247,12 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
         texts.append(json.dumps(place, ensure_ascii=False, separators=(",", ":")))
     chunk_node = pc.fill_null(pc.index_in(chunks["chunk_id"], value_set=nodes["id"]), -1).cast(pa.int32())
     chunk_ids = chunks["chunk_id"].to_numpy(zero_copy_only=False)
-    distinct, first, count = np.unique(chunk_ids, return_index=True, return_counts=True)
+    once, first, count = np.unique(chunk_ids, return_index=True, return_counts=True)
     lists = nodes["chunk_ids"]
     all_lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy()
     lengths = np.where(codes <= MAX_RETRIEVABLE_CODE, all_lengths, 0)
     flat = pc.list_flatten(lists).filter(pa.array(np.repeat(codes <= MAX_RETRIEVABLE_CODE, all_lengths)))
-    found = pc.index_in(flat, value_set=pa.array(distinct, pa.string()))
+    found = pc.index_in(flat, value_set=pa.array(once, pa.string()))
     known = pc.is_valid(found).to_numpy(zero_copy_only=False)
     owner = np.repeat(np.arange(n), lengths)[known]
     chunk = pc.fill_null(found, 0).to_numpy()[known]
@@ -406,7 +406,7 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     names, keys = NameIndex.arrays(words_of, named)
     arrays.update(names)
     tables["name_keys"] = pa.table({"key": keys})
-    return arrays, tables, {"sentence_keys": int(len(np.unique(key_ids))), "key_ids": KEY_IDS}
+    return arrays, tables, {"sentence_keys": int(len(distinct(key_ids))), "key_ids": KEY_IDS}
 
 
 def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None

@@ -24,7 +24,7 @@ from ..config import Config, SearchConfig
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine
 from ..generation import Generation, damaged, repair_hint
-from ..graph import row_entries
+from ..graph import distinct, row_entries
 from ..index.chunk import place_of
 from ..node_types import CONTEXT_ORDER, MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import QueryError, context, paths, rounds, steps
@@ -237,7 +237,7 @@ class Retriever:
                           params: SearchConfig) -> np.ndarray:
         """The entities the second round may start from (`rounds.bridge_candidates`)."""
         best = rounds.best_units(self.build.type_codes, rows, relevance)
-        return self.steps.bridge_candidates(walk, best, np.unique(exact_rows).astype(np.int64), params.second_round_chunks)
+        return self.steps.bridge_candidates(walk, best, distinct(exact_rows).astype(np.int64), params.second_round_chunks)
 
     def fit_budget(self, rows: np.ndarray, relevance: np.ndarray, params: SearchConfig) -> np.ndarray:
         """The context's rows (`context.fit_budget`)."""
@@ -290,7 +290,7 @@ class Retriever:
             quotas[TYPE_CODE["N"]] = params.cross_a  # top-scoring entities, for their attributes
             cross = context.top_per_group(mass, codes, ~is_entry, quotas)
             led = steps.led(self.build, support, codes, is_entry, cross[codes[cross] == TYPE_CODE["N"]])
-            pool = np.unique(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
+            pool = distinct(np.concatenate([retrievable_entries, cross[codes[cross] <= MAX_RETRIEVABLE_CODE], led]))
             return support[pool], mass[pool]
         vectors = self.build.vector_side
         vector_rows = vectors.vector_of_node[support]
@@ -381,7 +381,7 @@ class Retriever:
         if not len(codes):
             return None
         owners = np.repeat(np.arange(len(self.build.doc_indptr) - 1), np.diff(self.build.doc_indptr))
-        rows = np.unique(owners[self.build.doc_codes == codes[0]])
+        rows = distinct(owners[self.build.doc_codes == codes[0]])
         rows = rows[self.build.type_codes[rows] == TYPE_CODE["T"]]
         nodes = self._nodes(rows, np.zeros(len(rows)))
         return sorted(nodes, key=lambda n: min((p["span"][0] for p in n.locations if p.get("span")), default=0))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..graph import row_entries
+from ..graph import distinct, row_entries
 from ..nlp import is_value
 from ..node_types import TYPE_CODE
 from .ppr import WalkMatrix, uniform_start
@@ -99,10 +99,10 @@ def bridge_candidates(walk: WalkMatrix, codes: np.ndarray, doc_indptr: np.ndarra
     if not len(chunk_rows):
         return np.zeros(0, np.int64)
     order = np.lexsort((chunk_rows, owner))  # by the rank of the unit, then row
-    distinct, first = np.unique(chunk_rows[order], return_index=True)
-    chosen = distinct[np.argsort(first, kind="stable")][:chunks]
+    once, first = np.unique(chunk_rows[order], return_index=True)
+    chosen = once[np.argsort(first, kind="stable")][:chunks]
     members, owner = _neighbours_of_type(walk, codes, chosen, TYPE_CODE["S"])
-    members = np.unique(members[_same_document(members, chosen[owner], doc_indptr, doc_codes)])
+    members = distinct(members[_same_document(members, chosen[owner], doc_indptr, doc_codes)])
     entities, _ = _neighbours_of_type(walk, codes, members, TYPE_CODE["N"])
     entities = np.setdiff1d(entities, exclude)
     degree = walk.indptr[entities + 1] - walk.indptr[entities]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import SearchConfig
-from ..graph import row_entries
+from ..graph import distinct, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE
 from . import context, rounds
 from .build import Build
@@ -34,7 +34,7 @@ def led(build: Build, support: np.ndarray, codes: np.ndarray, is_entry: np.ndarr
     leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), entities])
     if not len(leaders):
         return np.zeros(0, np.int64)
-    reached = np.unique(build.leads_indices[row_entries(build.leads_indptr, support[leaders])])
+    reached = distinct(build.leads_indices[row_entries(build.leads_indptr, support[leaders])])
     return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
 
@@ -59,7 +59,7 @@ class Steps:
         score[pool[pool_codes == TYPE_CODE["T"]]] *= params.chunk_weight
         quotas = {TYPE_CODE[t]: q for t, q in params.quotas().items()}
         kept = pool[context.top_per_group(score[pool], pool_codes, ~is_entry[pool], quotas)]
-        chosen = np.unique(np.concatenate([np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE)), leads, kept]))
+        chosen = distinct(np.concatenate([np.flatnonzero(is_entry & (codes <= MAX_RETRIEVABLE_CODE)), leads, kept]))
         return chosen, score[chosen]
 
     def bridge_candidates(self, walk: WalkMatrix, best: np.ndarray, exclude: np.ndarray, chunks: int) -> np.ndarray:
