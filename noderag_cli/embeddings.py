@@ -26,7 +26,7 @@ from .cache import EMBEDDING, Cache
 from .config import EmbeddingConfig
 from .errors import ConfigError, EngineError, SpendingCapError, WorkspaceError
 from .executor import Executor
-from .ivf import in_parallel, on_stored_grid
+from .ivf import STORED_DTYPE, in_parallel, on_stored_grid
 
 POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise are not mixed in
 STORED = "fp16"  # part of a vector's identity: rounded to the precision a build stores (ivf.on_stored_grid)
@@ -117,10 +117,11 @@ def normalised(vectors: np.ndarray) -> np.ndarray:
 
 
 def embed_bundled(job: tuple[EmbeddingConfig, list[str]]) -> np.ndarray:
-    """L2-normalised vectors of texts with the bundled model: an executor worker's share of
-    `Embedder.embed`, or the whole of it in this process."""
+    """L2-normalised vectors of texts with the bundled model, in the half precision they are on
+    (exact, and half the bytes to send back): an executor worker's share of `Embedder.embed`, or
+    the whole of it in this process."""
     config, texts = job
-    return normalised(mean_pool(load_model(config), texts))
+    return normalised(mean_pool(load_model(config), texts)).astype(STORED_DTYPE)
 
 
 def remote_transport(config: EmbeddingConfig):
@@ -195,7 +196,9 @@ class Embedder:
         # what a model's reply is cached under: the model and, for the bundled one, how it is pooled
         self._computed_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
-        self._memo: dict[str, np.ndarray] = {}  # text -> vector, for the life of this embedder
+        # text -> vector, for the life of this embedder, in the half precision the vectors are on
+        # (exact: half the memory of a build's every unit and chunk vector, held until the embed stage)
+        self._memo: dict[str, np.ndarray] = {}
         self._transport = None  # to a model behind litellm, made on its first request
         self.cap = cap
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
@@ -225,7 +228,7 @@ class Embedder:
     def remember(self, texts: list[str], vectors: np.ndarray) -> None:
         """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
         are not looked up in the cache again."""
-        self._memo.update(zip(texts, vectors, strict=True))
+        self._memo.update(zip(texts, np.asarray(vectors).astype(STORED_DTYPE), strict=True))
 
     def cache_key(self, text: str) -> str:
         return hashlib.blake2b(f"{self._computed_id}\x1f{text}".encode(), digest_size=16).hexdigest()
@@ -257,13 +260,13 @@ class Embedder:
                 if blob is None:
                     fresh.append((text, key))
                 else:
-                    self._memo[text] = on_stored_grid(np.frombuffer(blob, dtype=np.float32))  # cached before rounding
+                    self._memo[text] = np.frombuffer(blob, dtype=np.float32).astype(STORED_DTYPE)  # cached before rounding
             for start in range(0, len(fresh), EMBED_BATCH):
                 part = fresh[start : start + EMBED_BATCH]
                 vectors = normalised(self._compute([text for text, _ in part]))
                 self.computed += len(part)
-                self._memo.update((text, vector) for (text, _), vector in zip(part, vectors, strict=True))
+                self._memo.update(zip([text for text, _ in part], vectors.astype(STORED_DTYPE), strict=True))
                 if self.cache:
                     self.cache.put_many(EMBEDDING, [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
         memo = self._memo
-        return np.stack([memo[t] for t in texts])
+        return np.stack([memo[t] for t in texts]).astype(np.float32)
