@@ -171,11 +171,12 @@ def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_
 
 
 def _shown_by_anchor(membership: np.ndarray, texts: list[str], content: np.ndarray, anchor: Anchor) -> np.ndarray:
-    """Per node, whether its text is one its community's anchored elements were written from."""
-    shown = np.zeros(len(texts), bool)
-    for i in content.tolist():
+    """Per node, whether its text is one its community's anchored elements were written from
+    (`texts`: those of the `content` nodes, in that order)."""
+    shown = np.zeros(len(membership), bool)
+    for i, text in zip(content.tolist(), texts, strict=True):
         summary = anchor.communities.get(int(membership[i]))
-        shown[i] = summary is not None and text_hash(texts[i]) in summary.inputs
+        shown[i] = summary is not None and text_hash(text) in summary.inputs
     return shown
 
 
@@ -193,14 +194,18 @@ def run(
     graph = Graph.from_tables(nodes, edges)
     membership = anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
         leiden(graph, seed, resolution)
-    texts = nodes["text"].to_pylist()
-    chunk_ids = nodes["chunk_ids"].to_pylist()
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
+    # the texts and chunks of the nodes a community shows (S and A) only, in `content` order, as
+    # Python objects: those of every node were about a gigabyte at 200,000 passages
+    at = np.full(len(graph.types), -1, np.int64)
+    at[content] = np.arange(len(content))
+    texts = nodes["text"].take(pa.array(content)).to_pylist()
+    chunk_ids = nodes["chunk_ids"].take(pa.array(content)).to_pylist()
     all_tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, shown, counts = [], [], []
     shown_before = _shown_by_anchor(membership, texts, content, anchor) if anchor else None
     for community, picked in shown_members(graph, membership, all_tokens, max_tokens, shown_before):
-        items.append(CommunityInput(community=community, texts=tuple(texts[i] for i in picked)))
+        items.append(CommunityInput(community=community, texts=tuple(texts[at[i]] for i in picked)))
         shown.append(picked)
         counts.append(all_tokens[picked].tolist())
 
@@ -230,7 +235,7 @@ def run(
             records.append((key, hashes, [e.description for e in result], [e.title for e in result], False))
         else:
             records.append((key, summary.inputs, summary.texts, summary.titles, summary.inputs != set(hashes)))
-        provenance = sorted({c for i in picked for c in chunk_ids[i]})
+        provenance = sorted({c for i in picked for c in chunk_ids[at[i]]})
         for element in result:
             if not element.title.strip() or not element.description.strip():
                 continue
@@ -244,7 +249,7 @@ def run(
     h_ids = [i for i in new_nodes["id"].to_pylist() if i.startswith("H_")]
     h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
     pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
-    pool_vectors = embedder.embed([texts[i] for i in content.tolist()] + [h_texts[h] for h in h_ids])
+    pool_vectors = embedder.embed(texts + [h_texts[h] for h in h_ids])
     kept_centroids = anchor.centroids(SEMANTIC_CENTROIDS, embedder.model_id, embedder.dim) if anchor else None
     clusters, centroids = kmeans_labels(pool_vectors, seed, kept_centroids) if len(pool_ids) else \
         (np.zeros(0, np.int64), None)
