@@ -20,9 +20,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench.bench_scale import tree_rss_mb
 from devtools import documents as make
 from noderag_cli import readers
+from noderag_cli.executor import tree_resident_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_PDFS = [Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf"), Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")]
@@ -117,7 +117,7 @@ def peak_rss_indexing(folder: Path) -> tuple[float, float]:
 
         def watch() -> None:
             while process.poll() is None:
-                peak[0] = max(peak[0], tree_rss_mb(process.pid))
+                peak[0] = max(peak[0], tree_resident_mb(process.pid))
                 time.sleep(0.05)
 
         watcher = threading.Thread(target=watch)

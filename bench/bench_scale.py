@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.corpus import DEFAULT_DATA, available, write_corpus, write_small_files
+from noderag_cli.executor import tree_resident_mb
 from noderag_cli.index.outputs import NEIGHBOURS, VECTOR_IDS, VECTORS
 from noderag_cli.index.stages import STAGE_NAMES
 from noderag_cli.workspace import Workspace
@@ -43,29 +44,6 @@ STAGES = STAGE_NAMES
 
 def log(message: str) -> None:
     print(f"[bench_scale] {message}", file=sys.stderr, flush=True)
-
-
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of a process and all its descendants, in MB."""
-    parents, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            parents[int(entry)] = int(fields[1])
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    total = 0
-    for pid, size in rss.items():
-        walker = pid
-        while walker not in (0, 1) and walker != root:
-            walker = parents.get(walker, 0)
-        if walker == root:
-            total += size
-    return total / 1e6
 
 
 def run_measured(command: list[str], stderr: Path | None = None) -> tuple[float, float, int, str]:
@@ -79,7 +57,7 @@ def run_measured(command: list[str], stderr: Path | None = None) -> tuple[float,
 
         def sample() -> None:
             while not stop.wait(0.2):
-                peak[0] = max(peak[0], tree_rss_mb(process.pid))
+                peak[0] = max(peak[0], tree_resident_mb(process.pid))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import faiss
 import numpy as np
@@ -59,18 +60,26 @@ def use_threads(count: int) -> None:
     _THREADS[:] = [count]
 
 
-def in_parallel(job: Callable, items: list, workers: int | None = None) -> list:
+def in_parallel(job: Callable, items: list, workers: int | None = None,
+                done: Callable[[Any], None] | None = None) -> list:
     """job(item) for every item, in order, on as many threads as this process has cores (or
     `workers`), with BLAS held to one thread per call: OpenBLAS's own threads are slower than one
     on the small products here, while Python threads over independent blocks use every core
     (numpy releases the GIL). Results never depend on the number of threads: each item is computed
-    alone."""
+    alone. `done(item)` is called in this thread as each result is taken, in order (progress)."""
     workers = min(len(items), workers or cores())
     with threadpool_limits(1, "blas"):
         if workers <= 1:
-            return [job(item) for item in items]
+            results = (job(item) for item in items)
+            return [_taken(result, item, done) for item, result in zip(items, results, strict=True)]
         with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(job, items))
+            return [_taken(result, item, done) for item, result in zip(items, pool.map(job, items), strict=True)]
+
+
+def _taken(result: Any, item: Any, done: Callable[[Any], None] | None) -> Any:
+    if done is not None:
+        done(item)
+    return result
 
 
 def key_hashes(keys: Sequence[str], seed: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -306,8 +307,10 @@ def test_progress_on_a_stderr_that_is_not_a_terminal_is_plain_lines(tmp_path):
     lines = run.stderr.splitlines()
     for stage in STAGES:
         assert any(line.startswith(f"{stage}: started") for line in lines), (stage, lines)
-        assert any(line.startswith(f"{stage}: finished in ") for line in lines), (stage, lines)
+        finished = [line for line in lines if line.startswith(f"{stage}: finished in ")]
+        assert len(finished) == 1 and re.fullmatch(rf"{stage}: finished in [\d.]+ s, peak [\d,]+ MB", finished[0])
     assert lines.index("decompose: started, 17 to do") < lines.index("embed: started")
+    assert any(re.fullmatch(r"similarity: started, \d+ to do", line) for line in lines)  # counted in rows
 
 
 def test_line_progress_counts_at_most_every_few_seconds():
@@ -322,9 +325,14 @@ def test_line_progress_counts_at_most_every_few_seconds():
         reporter.advance()  # all within far less than PROGRESS_SECONDS: no count lines
     reporter.PROGRESS_SECONDS = 0.0
     reporter.advance()
-    reporter.stage_finished("decompose", 1.5, False)
-    assert stream.getvalue().splitlines() == ["decompose: started, 1,000 to do", "decompose: 1,000 of 1,000 done",
-                                              "decompose: finished in 1.5 s"]
+    reporter.stage_finished("decompose", 1.5, False, peak_mb=4321)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "decompose: started, 1,000 to do" and lines[2] == "decompose: finished in 1.5 s, peak 4,321 MB"
+    # what the stage holds: this process's own memory at least (its workers' too, when it has any)
+    held = re.fullmatch(r"decompose: 1,000 of 1,000 done, ([\d,]+) MB in memory", lines[1])
+    own_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    assert held and abs(int(held[1].replace(",", "")) - own_mb) < own_mb * 0.5 + 50
+    assert len(lines) == 3
 
 
 def test_bad_files_are_skipped_with_one_line_each(tmp_path):

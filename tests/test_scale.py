@@ -7,6 +7,7 @@ walk that never makes arrays of the graph's size.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sys
@@ -18,6 +19,7 @@ from conftest import SAMPLE_CORPUS, assert_same_tables, build_file, copy_workspa
 
 from noderag_cli import api, ivf
 from noderag_cli.index import similarity_edges as se
+from noderag_cli.index.stages import STAGE_NAMES
 from noderag_cli.search.ppr import shallow_ppr
 from noderag_cli.search.vectors import SCAN8_CANDIDATES
 
@@ -415,3 +417,59 @@ def test_kept_kmeans_centroids_keep_each_unchanged_vector_in_its_cluster():
     assert kept is centroids and np.array_equal(again[:800], labels)
     nearest = np.argmax(vectors[800:] @ centroids.T, axis=1)
     assert np.array_equal(again[800:], nearest)
+
+
+# --- a kill during each graph-wide stage, at a few thousand passages ----------------------------
+
+GRAPH_WIDE_KILLS = {  # a point inside the stage: after n items it reported, or (assemble) before CURRENT moves
+    "attributes:20": "attributes", "communities:5": "communities", "similarity:1": "similarity",
+    "assemble:publish": "assemble",
+}
+
+
+def _renamed(text: str, copy: int) -> str:
+    """The text with each capitalised word made another name for copy `copy` (0: the text itself)."""
+    if copy == 0:
+        return text
+    suffix = "".join("aeiourstln"[int(digit)] for digit in str(copy))
+    return re.sub(r"\b([A-Z][a-z]{2,})\b", lambda m: m.group(1) + suffix, text)
+
+
+@pytest.fixture(scope="module")
+def passages_folder(tmp_path_factory) -> Path:
+    """About 2,000 passages: the sample corpus's paragraphs, then copies of them under other names."""
+    folder = tmp_path_factory.mktemp("passages")
+    paragraphs = [part.strip() for path in sorted(SAMPLE_CORPUS.glob("*.*")) if path.suffix in (".txt", ".md")
+                  for part in path.read_text().split("\n\n") if len(part.split()) >= 12]
+    for number in range(2_000):
+        copy, position = divmod(number, len(paragraphs))
+        target = folder / f"c{copy:03d}" / f"p{position:03d}.txt"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(_renamed(paragraphs[position], copy) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def passages_build(tmp_path_factory, passages_folder) -> Path:
+    workspace = tmp_path_factory.mktemp("passages-build") / "ws"
+    index(workspace, passages_folder)
+    return workspace
+
+
+@pytest.mark.parametrize("point", list(GRAPH_WIDE_KILLS))
+def test_a_kill_inside_a_graph_wide_stage_resumes_to_the_same_build(point, passages_folder, passages_build, tmp_path):
+    """SIGKILL (as the out-of-memory killer sends it) inside each graph-wide stage of a 2,000-passage
+    build: the stages before it stay done, and the next run redoes that stage only and gives every
+    file of an uninterrupted build's generation (its contents digest covers each file's checksum)."""
+    workspace = tmp_path / "ws"
+    killed = index(workspace, passages_folder, env={"NODERAG_TEST_KILL_AT": point}, expect=None)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    stage = GRAPH_WIDE_KILLS[point]
+    stages = json.loads((workspace / "manifest.json").read_text())["stages"]
+    assert stages[stage]["state"] == "running"
+    resumed = index(workspace, passages_folder).json()["stages"]
+    assert all(resumed[s]["skipped"] for s in STAGE_NAMES[: STAGE_NAMES.index(stage)])
+    assert not resumed[stage]["skipped"]
+    assert_same_tables(workspace, passages_build)
+    contents = [json.loads(build_file(w, "manifest.json").read_text())["contents"] for w in (workspace, passages_build)]
+    assert contents[0] == contents[1]

@@ -145,27 +145,48 @@ def results_table(title: str | None, columns: list[str], right: tuple[str, ...] 
     return table
 
 
+MEMORY_SECONDS = 1.0  # a stage's memory is measured at most this often (a walk over /proc)
+
+
+def in_memory() -> str:
+    """What the indexing process and its workers hold now, as progress shows it."""
+    from ..executor import tree_resident_mb  # not at import: the CLI's other commands do not need it
+
+    return f"{tree_resident_mb():,.0f} MB in memory"
+
+
+def peak_note(peak_mb: int | None) -> str:
+    return f"peak {peak_mb:,} MB" if peak_mb else ""
+
+
 class RichReporter:
-    """`index/stages.Reporter` drawn as Rich bars (a terminal stderr)."""
+    """`index/stages.Reporter` drawn as Rich bars (a terminal stderr), each with what the stage
+    holds in memory while it runs and its peak when done."""
 
     def __init__(self, progress):
         self.progress = progress
         self.task = None
+        self.measured = 0.0
 
     def stage_started(self, stage: str, total: int | None) -> None:
-        self.task = self.progress.add_task(stage, total=total)
+        self.task = self.progress.add_task(stage, total=total, memory="")
+        self.measured = 0.0
 
     def advance(self, n: int = 1) -> None:
         if self.task is not None:
             self.progress.advance(self.task, n)
+            now = time.monotonic()
+            if now - self.measured >= MEMORY_SECONDS:
+                self.measured = now
+                self.progress.update(self.task, memory=in_memory())
 
-    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None:
+    def stage_finished(self, stage: str, seconds: float, skipped: bool, peak_mb: int | None = None) -> None:
         if skipped:
-            self.progress.add_task(f"{stage} (unchanged)", total=1, completed=1)
+            self.progress.add_task(f"{stage} (unchanged)", total=1, completed=1, memory="")
         elif self.task is not None:
             task = self.progress.tasks[self.task]
             total = task.total or task.completed or 1  # a count without a known total: what was counted
-            self.progress.update(self.task, total=total, completed=total)
+            self.progress.update(self.task, total=total, completed=total, memory=peak_note(peak_mb))
         self.task = None
 
     def warn(self, message: str) -> None:
@@ -174,7 +195,8 @@ class RichReporter:
 
 class LineReporter:
     """`index/stages.Reporter` for a stderr that is not a terminal (a log file, a CI job, a pipe): plain
-    lines, a stage's count at most every PROGRESS_SECONDS, never bars or control characters."""
+    lines, a stage's count (with what it holds in memory) at most every PROGRESS_SECONDS, never bars
+    or control characters."""
 
     PROGRESS_SECONDS = 5.0
 
@@ -194,10 +216,14 @@ class LineReporter:
         now = time.monotonic()
         if self.stage is not None and now - self.last >= self.PROGRESS_SECONDS:
             self.last = now
-            self._line(f"{self.stage}: {self.done:,}" + (f" of {self.total:,}" if self.total else "") + " done")
+            self._line(f"{self.stage}: {self.done:,}" + (f" of {self.total:,}" if self.total else "")
+                       + f" done, {in_memory()}")
 
-    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None:
-        self._line(f"{stage}: unchanged, skipped" if skipped else f"{stage}: finished in {seconds:.1f} s")
+    def stage_finished(self, stage: str, seconds: float, skipped: bool, peak_mb: int | None = None) -> None:
+        if skipped:
+            self._line(f"{stage}: unchanged, skipped")
+        else:
+            self._line(f"{stage}: finished in {seconds:.1f} s" + (f", {peak_note(peak_mb)}" if peak_mb else ""))
         self.stage = None
 
     def warn(self, message: str) -> None:
@@ -214,11 +240,16 @@ def progress_bars():
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         SpinnerColumn,
         TextColumn,
         TimeElapsedColumn,
     )
 
+    class Memory(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(task.fields.get("memory", ""), style="dim")
+
     with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as progress:
+                  TimeElapsedColumn(), Memory(), console=console) as progress:
         yield progress

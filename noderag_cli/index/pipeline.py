@@ -326,7 +326,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         manifest.stages[stage.name] = StageEntry(DONE, stage_print, settings, digest, recorded, round(seconds, 3), llm,
                                                  info)
         manifest.save(ws)
-        reporter.stage_finished(stage.name, seconds, skipped=False)
+        reporter.stage_finished(stage.name, seconds, skipped=False, peak_mb=info["peak_rss_mb"])
         result.stages[stage.name] = {"skipped": False, "seconds": seconds, **info}
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
         if stage.name == stop_after:

@@ -30,6 +30,7 @@ SLACK candidates are searched again.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,17 +153,21 @@ def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray, start: n
     return out
 
 
-def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.Table | None = None) -> Neighbours:
+def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.Table | None = None,
+                    progress: Callable[[int], None] | None = None) -> Neighbours:
     """The pruned k-nearest-neighbour lists of `vectors` (rows sorted by `ids`, which must name a
     node and its vector: a row whose vector changed is a new row). A row of
     `previous` (`to_table` of an earlier run, same model and k) is reused when at least k of its
     candidates still exist: those are the best among the surviving old nodes, so merging in the
     new nodes that beat its last one gives the exact list again. New rows are scored against
-    every row once: that block gives both their own lists and what they bring to the reused ones."""
+    every row once: that block gives both their own lists and what they bring to the reused ones.
+    `progress(n)`: n more rows have their lists (the reused ones at once)."""
     n, width = len(ids), k + SLACK
     lists = _Lists.start(ids, k, width, previous)
     grid = quantised(vectors)
     search = np.flatnonzero(~lists.reused)
+    progress = progress or (lambda _: None)
+    progress(n - len(search))
     old = np.flatnonzero(lists.reused)
     last_score, last_col = lists.last()
     place = np.full(n, -1, np.int64)
@@ -182,7 +187,9 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
         return rows, top_k(block_scores, rows, width), beats
 
     found = []
-    for rows, (block_candidates, block_scores), beats in in_parallel(block, list(range(0, len(search), SEARCH_BLOCK))):
+    starts = list(range(0, len(search), SEARCH_BLOCK))
+    searched = in_parallel(block, starts, done=lambda start: progress(len(search[start : start + SEARCH_BLOCK])))
+    for rows, (block_candidates, block_scores), beats in searched:
         lists.candidates[rows], lists.scores[rows] = block_candidates, block_scores
         if beats is not None:
             found.append(beats)
@@ -281,7 +288,8 @@ def _chain(centroids: np.ndarray) -> np.ndarray:
 
 
 def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int,
-                    centroids: np.ndarray | None = None, previous: pa.Table | None = None) -> Neighbours:
+                    centroids: np.ndarray | None = None, previous: pa.Table | None = None,
+                    progress: Callable[[int], None] | None = None) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
     clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
     (each row belongs to its `assign` nearest), scored exactly on the grid.
@@ -290,7 +298,8 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     the set of vectors). With an anchor's `centroids` (an incremental update) the clusters keep
     them, and `previous` (`to_table` of the last run against the same centroids) is maintained as
     `neighbour_lists` maintains the exact lists: rows that keep at least k candidates are reused,
-    the new rows of the clusters each of them probes merged in (`_newcomers`); the rest searched."""
+    the new rows of the clusters each of them probes merged in (`_newcomers`); the rest searched.
+    `progress(n)`: n more rows have their candidates (the reused ones at once)."""
     width = k + SLACK
     grid = quantised(vectors)
     if centroids is None:
@@ -299,7 +308,9 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
         clusters = Clusters(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
     lists = _Lists.start(keys, k, width, previous)
     search = np.flatnonzero(~lists.reused)
-    _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores)
+    if progress:
+        progress(len(keys) - len(search))
+    _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores, progress)
     old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
     if len(old) and len(new):
         last_score, last_col = lists.last()
@@ -309,7 +320,8 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
 
 
 def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int, probes: int,
-                      candidates: np.ndarray, scores: np.ndarray) -> None:
+                      candidates: np.ndarray, scores: np.ndarray, progress: Callable[[int], None] | None = None
+                      ) -> None:
     """The `width` best candidates (and scores) of each of `rows` among the members of its probed
     clusters, written into those rows of `candidates` and `scores` (all rows' lists) by the block
     that found them: a second full-size pair of arrays, and the blocks' results held until all are
@@ -365,7 +377,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
                     parts.append((who[r], members[start + c], found_scores[r, c]))
         candidates[rows], scores[rows] = _best_of(parts, rows, n, width)  # blocks' rows are disjoint
 
-    in_parallel(block, blocks)
+    in_parallel(block, blocks, done=(lambda rows: progress(len(rows))) if progress else None)
 
 
 NEWCOMER_BLOCK = 64  # changed clusters scored at a time

@@ -82,7 +82,7 @@ class Reporter:
 
     def advance(self, n: int = 1) -> None: ...
 
-    def stage_finished(self, stage: str, seconds: float, skipped: bool) -> None: ...
+    def stage_finished(self, stage: str, seconds: float, skipped: bool, peak_mb: int | None = None) -> None: ...
 
     def warn(self, message: str) -> None: ...
 
@@ -336,8 +336,8 @@ def _embed(run: StageRun) -> dict:
 
 
 def _similarity(run: StageRun) -> dict:
-    run.reporter.stage_started(run.stage.name, None)
     ids = run.read(VECTOR_IDS)["id"].to_pylist()
+    run.reporter.stage_started(run.stage.name, len(ids))  # counted in rows whose candidates are found
     vectors = ivf.read_stored(run.input_path(VECTORS))  # mapped: only the quantised copy is held whole
     settings = run.config.similarity
     signature = {"model": run.embedder.model_id, "neighbours": settings.neighbours,
@@ -347,14 +347,16 @@ def _similarity(run: StageRun) -> dict:
     if len(ids) < settings.exact_below:
         earlier = run.trusted(NEIGHBOURS.file)
         neighbours = similarity_edges.neighbour_lists(keys, vectors, settings.neighbours,
-                                                      _previous_neighbours(earlier, signature) if earlier else None)
+                                                      _previous_neighbours(earlier, signature) if earlier else None,
+                                                      run.reporter.advance)
     else:
         centroids, info = _anchored_centroids(run, vectors.shape[1])
         signature |= {"probes": settings.probes, "seed": run.config.graph.seed}
         earlier = run.trusted(NEIGHBOURS.file) if centroids is not None else None
         previous = _previous_neighbours(earlier, _clustered(signature, centroids)) if earlier else None
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
-                                                      settings.probes, similarity_edges.ASSIGN, centroids, previous)
+                                                      settings.probes, similarity_edges.ASSIGN, centroids, previous,
+                                                      run.reporter.advance)
         signature = _clustered(signature, neighbours.centroids)
     pairs = similarity_edges.pairs(neighbours)
     id_array = np.asarray(ids, dtype=object)
