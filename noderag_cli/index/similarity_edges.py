@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..executor import trim_heap
 from ..graph import distinct
 from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
 
@@ -377,7 +378,12 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
                     parts.append((who[r], members[start + c], found_scores[r, c]))
         candidates[rows], scores[rows] = _best_of(parts, rows, n, width)  # blocks' rows are disjoint
 
-    in_parallel(block, blocks, done=(lambda rows: progress(len(rows))) if progress else None)
+    def done(rows: np.ndarray) -> None:
+        trim_heap()
+        if progress:
+            progress(len(rows))
+
+    in_parallel(block, blocks, done=done)
 
 
 NEWCOMER_BLOCK = 64  # changed clusters scored at a time
