@@ -121,24 +121,32 @@ def test_names_match_longest_first_whole_words_and_fold_diacritics():
     assert index.match("summer is warm", require_capital=True) == []  # lower-case one-word n-gram
 
 
-def _random_graph(rng, n: int, density: float, integer: bool) -> sp.csr_matrix:
-    upper = np.triu(rng.random((n, n)) < density, 1) * (rng.integers(1, 7, (n, n)) if integer else rng.random((n, n)))
+def _random_graph(rng, n: int, density: float, integer: bool, largest: int = 6) -> sp.csr_matrix:
+    weights = rng.integers(1, largest + 1, (n, n)) if integer else rng.random((n, n))
+    upper = np.triu(rng.random((n, n)) < density, 1) * weights
     return sp.csr_matrix((upper + upper.T).astype(np.float64))
 
 
-@pytest.mark.parametrize("integer", [True, False])
-def test_the_compact_walk_matrix_is_the_transition_matrix(integer):
+@pytest.mark.parametrize(("integer", "largest", "widest"), [(True, 6, np.uint8), (True, 255, np.uint8),
+                                                           (True, 256, np.uint16), (True, 65535, np.uint16),
+                                                           (True, 70000, np.float64), (False, 1, np.float64)])
+def test_the_compact_walk_matrix_is_the_transition_matrix(integer, largest, widest):
     """The walk's compact form holds P's entries in P's order, with the same bits; whole-number
-    weights travel as bytes."""
+    weights travel as one byte, or two when one passes 255, and P's values past that."""
     rng = np.random.default_rng(11)
+    kinds = set()
     for _ in range(40):
         n = int(rng.integers(5, 400))
-        adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer)
+        adjacency = _random_graph(rng, n, float(rng.uniform(0.003, 0.2)), integer, largest)
         p_matrix = transition(adjacency)
         walk = WalkMatrix.from_adjacency(adjacency)
-        assert (walk.weights.dtype == np.uint8) == integer
+        heaviest = adjacency.data.max(initial=0)
+        assert walk.weights.dtype == (np.float64 if not integer or heaviest > 65535 else
+                                      np.uint16 if heaviest > 255 else np.uint8)
+        kinds.add(walk.weights.dtype.type)
         assert np.array_equal(walk.as_csr().indices, p_matrix.indices)
         assert np.array_equal(walk.as_csr().data, p_matrix.data)
+    assert widest in kinds
 
 
 def test_half_precision_rows_widen_exactly_both_ways():

@@ -24,12 +24,13 @@ from ..graph import distinct, row_entries
 class WalkMatrix:
     """P as the walk reads it: (indptr, indices, weights, inverse degree per row), where P's entry
     is inverse[row] x weight. The entry order is part of the walk's bits (it is the order of its
-    sums). Edge weights are small whole numbers, so they fit a byte: a third of P's float64
-    memory. P's own values (and an inverse of 1) are the fallback when a weight does not fit."""
+    sums). Edge weights are whole numbers, mostly small: they fit a byte (an eighth of P's float64
+    values), or two bytes where a pair's edges add up past 255 (a large corpus has some). P's own
+    values (and an inverse of 1) are the fallback when a weight is not such a number."""
 
     indptr: np.ndarray  # int32
     indices: np.ndarray  # int32
-    weights: np.ndarray  # uint8, or float64 (the fallback)
+    weights: np.ndarray  # uint8 or uint16, or float64 (the fallback)
     inverse: np.ndarray  # float64
 
     @property
@@ -51,11 +52,12 @@ class WalkMatrix:
         inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         reverse = (indptr[1:][rows] - 1 - (np.arange(len(rows)) - indptr[:-1][rows])).astype(np.int64)
         weights = np.asarray(data, np.float64)[reverse]
-        small = weights.astype(np.uint8)
         index_type = np.int32 if len(indices) < 2**31 else np.int64
         indptr, columns = indptr.astype(index_type), indices[reverse].astype(index_type)
-        if np.array_equal(small, weights):
-            return cls(indptr, columns, small, inverse)
+        for whole in (np.uint8, np.uint16):
+            small = weights.astype(whole)
+            if np.array_equal(small, weights):
+                return cls(indptr, columns, small, inverse)
         return cls(indptr, columns, inverse[rows] * weights, np.ones(n))
 
     @classmethod
