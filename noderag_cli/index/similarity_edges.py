@@ -12,8 +12,10 @@ Exact means exact to the bit: cosines are computed on the vectors rounded to mul
 1/2048. Their dot products are integers below 2^24 (Cauchy-Schwarz: at most about 2048^2), which
 float32 represents exactly, so every BLAS kernel, block shape and summation order gives the same
 value, for (a, b) as for (b, a). The rounding moves a cosine by about 1e-4. Ties are broken by
-node id. The candidate lists, their scores and which candidates the heuristic kept are stored
-per node (`neighbours.parquet`) for the next run.
+node id. The candidate lists and which candidates the heuristic kept are stored per node
+(`neighbours.parquet`) for the next run; not their scores: those are exact, so the next run
+recomputes the few it reads (a row's last, and the rows it changes) to the same bits, and the
+file is half as large.
 
 From `similarity.exact_below` embedded nodes on, scoring every node against every other (n^2 d)
 gives way to candidates from an order-free clustered index (`clustered_lists`, `ivf.py`): each
@@ -41,26 +43,25 @@ from ..executor import trim_heap
 from ..graph import distinct
 from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
 
-VERSION = 3  # of the neighbour lists' definition: stored lists of another version are not reused
+VERSION = 4  # of the neighbour lists' definition or file: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
 CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against their probed clusters at a time
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
-                               ("scores", pa.list_(pa.float32())), ("kept", pa.list_(pa.bool_()))])
+                               ("kept", pa.list_(pa.bool_()))])
 SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
 SUBSAMPLE = 4  # the k-th best of every 4th column bounds the k-th best of the row from below
 
 
 @dataclass
 class Neighbours:
-    """Per node (rows sorted by id): its best candidates (columns, -1 padded; `k + SLACK` are
-    kept so that deletions rarely force a full search), their scores, and which of the first k
+    """Per node (rows sorted by id): its best candidates by exact score, then column (-1 padded;
+    `k + SLACK` are kept so that deletions rarely force a full search), and which of the first k
     the heuristic kept."""
 
     candidates: np.ndarray  # (n, k + SLACK) int64
-    scores: np.ndarray  # (n, k + SLACK) float32
     kept: np.ndarray  # (n, k) bool
     searched: int = 0  # rows searched (against every node, or their probed clusters) this run
     pruned: int = 0  # rows whose first k changed, heuristic rerun
@@ -70,6 +71,18 @@ class Neighbours:
 def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Exact cosines of the rows `rows` of `quantised` vectors against every row."""
     return (grid[rows] @ grid.T) * np.float32(1 / QUANT**2)
+
+
+def exact_scores(grid: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Exact cosines of each of `rows` with its `candidates` (-1: -inf), the bits `scores_against`
+    gives: the products of whole numbers, summed in any order, are whole numbers below 2^24."""
+    out = np.full(candidates.shape, -np.inf, np.float32)
+    step = PRUNE_BLOCK * max(1, 64 // max(candidates.shape[1], 1))  # gathered in small blocks, which stay in cache
+    for start in range(0, len(rows), step):
+        cols = candidates[start : start + step]
+        dots = np.matmul(grid[np.maximum(cols, 0)], grid[rows[start : start + step], :, None])[:, :, 0]
+        out[start : start + step] = np.where(cols >= 0, dots * np.float32(1 / QUANT**2), -np.inf)
+    return out
 
 
 def top_k(scores: np.ndarray, rows: np.ndarray, k: int, columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +183,7 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
     progress = progress or (lambda _: None)
     progress(n - len(search))
     old = np.flatnonzero(lists.reused)
-    last_score, last_col = lists.last()
+    last_score, last_col = lists.last(grid)
     place = np.full(n, -1, np.int64)
     place[old] = np.arange(len(old))
 
@@ -195,20 +208,21 @@ def neighbour_lists(ids: np.ndarray, vectors: np.ndarray, k: int, previous: pa.T
         if beats is not None:
             found.append(beats)
     if found:
-        _merge_new(found, old, lists.candidates, lists.scores)
+        lists.merge_new(grid, found, old)
     return lists.pruned(grid, searched=len(search))
 
 
 @dataclass
 class _Lists:
     """Lists being brought up to date: an earlier run's rows taken in (`_take_previous`), the rest
-    to be searched."""
+    to be searched. The scores of a reused row are computed when the run first reads them."""
 
     k: int
     candidates: np.ndarray
     scores: np.ndarray
     kept: np.ndarray
     reused: np.ndarray  # rows taken from the earlier run
+    unscored: np.ndarray  # reused rows whose scores are not computed yet
     lost_at: np.ndarray  # per reused row, the first of its first k positions whose candidate was deleted (k: none)
     is_new: np.ndarray  # rows the earlier run did not have
     before: np.ndarray  # the first k of each reused row as taken in
@@ -222,21 +236,35 @@ class _Lists:
         reused = is_new = np.zeros(n, bool)
         lost_at = np.full(n, k, np.int64)
         if previous is not None and previous.num_rows and n > k:
-            reused, lost_at = _take_previous(previous, ids, k, candidates, scores, kept)
+            reused, lost_at = _take_previous(previous, ids, k, candidates, kept)
             is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
                 zero_copy_only=False)
-        return cls(k, candidates, scores, kept, reused, lost_at, is_new, candidates[reused, :k])
+        return cls(k, candidates, scores, kept, reused, reused.copy(), lost_at, is_new, candidates[reused, :k])
 
-    def last(self) -> tuple[np.ndarray, np.ndarray]:
+    def last(self, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row, the score and column of the last entry of a reused row's list: a new row enters
         the list when it beats it (score, then column); inf / -1 for other rows."""
         old, n = np.flatnonzero(self.reused), len(self.reused)
         length = (self.candidates[old] >= 0).sum(axis=1)
         last_score = np.full(n, np.inf, np.float32)
-        last_score[old] = self.scores[old, length - 1]
         last_col = np.full(n, -1, np.int64)
         last_col[old] = self.candidates[old, length - 1]
+        last_score[old] = exact_scores(grid, old, last_col[old, None])[:, 0]
         return last_score, last_col
+
+    def score(self, grid: np.ndarray, rows: np.ndarray) -> None:
+        """Compute the scores of those of `rows` that are reused and not scored yet."""
+        rows = rows[self.unscored[rows]]
+        self.scores[rows] = exact_scores(grid, rows, self.candidates[rows])
+        self.unscored[rows] = False
+
+    def merge_new(self, grid: np.ndarray, found: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  old: np.ndarray) -> None:
+        """`_merge_new` on the reused rows' lists, scored first."""
+        positions = [f[0] for f in found]
+        if positions:
+            self.score(grid, old[distinct(np.concatenate(positions))])
+        _merge_new(found, old, self.candidates, self.scores)
 
     def pruned(self, grid: np.ndarray, searched: int, centroids: np.ndarray | None = None) -> Neighbours:
         """The lists with the heuristic rerun on the rows whose first k changed, from the first
@@ -251,8 +279,9 @@ class _Lists:
         if len(redo) == n:  # every row (a full build): the lists themselves, not a copy of them
             kept[:] = prune(grid, self.candidates[:, :k], self.scores[:, :k], start, kept)
         else:
+            self.score(grid, redo)
             kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
-        return Neighbours(self.candidates, self.scores, kept, searched=searched, pruned=len(redo), centroids=centroids)
+        return Neighbours(self.candidates, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
 
 PROBE_PHASES = ((0, 1), (1, 4), (4, None))  # probe ranks scored before the bound is raised again
@@ -314,9 +343,8 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores, progress)
     old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
     if len(old) and len(new):
-        last_score, last_col = lists.last()
-        _merge_new([_newcomers(grid, clusters, probes, old, new, last_score[old], last_col[old])], old,
-                   lists.candidates, lists.scores)
+        last_score, last_col = lists.last(grid)
+        lists.merge_new(grid, [_newcomers(grid, clusters, probes, old, new, last_score[old], last_col[old])], old)
     return lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
 
 
@@ -433,7 +461,7 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
     return position[first], row[first], value[first]
 
 
-def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scores, kept):
+def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept):
     """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
     order, deleted ones dropped. Returns (reused rows, per row the first of its first k positions
     whose candidate was deleted, k where none was)."""
@@ -455,7 +483,6 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, scor
     slot = np.arange(int(take.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
     target = row[owner[take]]
     candidates[target, slot] = flat_rows[take]
-    scores[target, slot] = flat("scores")[take]
     kept[target, slot] = flat("kept")[take]
     early = ~exists & (position < k)
     lost_early = np.full(len(row), k, np.int64)
@@ -520,8 +547,8 @@ def pairs(neighbours: Neighbours) -> np.ndarray:
 
 
 def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
-    """One row per node: its candidates (as rows of this table), scores and kept flags (False
-    past the first k), best first."""
+    """One row per node: its candidates (as rows of this table) and kept flags (False past the
+    first k), best first."""
     valid = neighbours.candidates >= 0
     kept = np.zeros(valid.shape, bool)
     kept[:, : neighbours.kept.shape[1]] = neighbours.kept
@@ -529,7 +556,6 @@ def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
     return pa.table({
         "id": pa.array(ids, pa.string()),
         "candidates": pa.ListArray.from_arrays(offsets, pa.array(neighbours.candidates[valid].astype(np.int32))),
-        "scores": pa.ListArray.from_arrays(offsets, pa.array(neighbours.scores[valid], pa.float32())),
         "kept": pa.ListArray.from_arrays(offsets, pa.array(kept[valid], pa.bool_())),
     }, schema=NEIGHBOURS_SCHEMA)
 
