@@ -328,10 +328,13 @@ def test_line_progress_counts_at_most_every_few_seconds():
     reporter.stage_finished("decompose", 1.5, False, peak_mb=4321)
     lines = stream.getvalue().splitlines()
     assert lines[0] == "decompose: started, 1,000 to do" and lines[2] == "decompose: finished in 1.5 s, peak 4,321 MB"
-    # what the stage holds: this process's own memory at least (its workers' too, when it has any)
+    # what the stage holds: this process's own memory at least, and its children's (workers; here,
+    # whatever servers earlier tests of the session left running), no more
+    from noderag_cli.executor import tree_resident_mb
+
     held = re.fullmatch(r"decompose: 1,000 of 1,000 done, ([\d,]+) MB in memory", lines[1])
     own_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-    assert held and abs(int(held[1].replace(",", "")) - own_mb) < own_mb * 0.5 + 50
+    assert held and own_mb * 0.5 - 50 < int(held[1].replace(",", "")) < tree_resident_mb() * 1.5 + 50
     assert len(lines) == 3
 
 
