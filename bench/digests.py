@@ -1,6 +1,6 @@
-"""Digests of what a refactor must leave alone: a dev set's build (node, edge and document
-tables, vectors) and every question's retrieval (timings left out), for the checkout it runs in.
-Run it at two commits and compare the lines.
+"""Digests of what a refactor must leave alone: a dev set's build (the contents of its node, edge
+and document tables, its vectors) and every question's retrieval (timings left out), for the
+checkout it runs in. Run it at two commits and compare the lines.
 
     python -m bench.digests WORK_FOLDER [--data ../shared/eval]
 """
@@ -12,6 +12,9 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from noderag_cli import api
 from noderag_cli.evaluate.datasets import load_hotpotqa, load_musique
 
@@ -21,6 +24,18 @@ BUILD_FILES = ("nodes.parquet", "edges.parquet", "documents.parquet", "vectors.f
 
 def digest_of(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """A parquet file's digest is its table's (an Arrow IPC stream of it): a change of compression
+    leaves it alone. Other files: their bytes."""
+    if path.suffix != ".parquet":
+        return digest_of(path.read_bytes())
+    sink = pa.BufferOutputStream()
+    table = pq.read_table(path)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return digest_of(sink.getvalue().to_pybytes())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         questions = load(args.data / name, corpus)
         api.index(ws, corpus)
         generation = ws / "generations" / (ws / "CURRENT").read_text().strip()
-        digests = {file: digest_of((generation / file).read_bytes()) for file in BUILD_FILES}
+        digests = {file: file_digest(generation / file) for file in BUILD_FILES}
         session = api.open_workspace(ws)
         retrieved = hashlib.blake2b(digest_size=8)
         for question in questions:
