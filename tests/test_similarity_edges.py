@@ -75,6 +75,23 @@ def test_update_equals_fresh_computation(corpus):
     assert np.array_equal(se.pairs(update), se.pairs(fresh))
 
 
+def test_an_update_that_changes_every_list_prunes_them_on_their_scores(corpus):
+    """Deletions that reach into the first K of every remaining list: every row is pruned again,
+    the reused ones on scores recomputed from the grid (none are stored), as a fresh run finds."""
+    keys, vectors = corpus
+    base = se.neighbour_lists(keys, vectors, K)
+    deleted = np.zeros(len(keys), bool)
+    for row in range(len(keys)):  # until every remaining row has lost one of its first K
+        if not deleted[row] and not deleted[base.candidates[row, :K]].any():
+            deleted[base.candidates[row, 0]] = True
+    final = np.flatnonzero(~deleted)
+    update = se.neighbour_lists(keys[final], vectors[final], K, se.to_table(keys, base))
+    fresh = se.neighbour_lists(keys[final], vectors[final], K)
+    assert update.searched < len(final) and update.pruned == len(final)  # lists reused, every one pruned
+    assert np.array_equal(update.candidates[:, :K], fresh.candidates[:, :K])
+    assert np.array_equal(update.kept, fresh.kept)
+
+
 def test_scores_do_not_depend_on_the_block(corpus):
     _, vectors = corpus
     grid = se.quantised(vectors)

@@ -276,10 +276,10 @@ class _Lists:
         start = np.zeros(n, np.int64)  # a searched row is pruned whole
         start[old] = np.minimum(np.where(changed.any(axis=1), changed.argmax(axis=1), k), self.lost_at[old])
         redo = np.flatnonzero(start < k)
-        if len(redo) == n:  # every row (a full build): the lists themselves, not a copy of them
+        self.score(grid, redo)
+        if len(redo) == n:  # every row (a full build, or every list changed): the lists, not a copy
             kept[:] = prune(grid, self.candidates[:, :k], self.scores[:, :k], start, kept)
         else:
-            self.score(grid, redo)
             kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
         return Neighbours(self.candidates, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
