@@ -131,7 +131,8 @@ def _random_graph(rng, n: int, density: float, integer: bool, largest: int = 6) 
                                                            (True, 256, np.uint16), (True, 65535, np.uint16),
                                                            (True, 70000, np.float64), (False, 1, np.float64)])
 def test_the_compact_walk_matrix_is_the_transition_matrix(integer, largest, widest):
-    """The walk's compact form holds P's entries in P's order, with the same bits; whole-number
+    """The walk's compact form holds P's entries in P's order, with the same bits, whether read
+    whole or a few rows at a time (a row's degree is summed from the weights it gathers); whole-number
     weights travel as one byte, or two when one passes 255, and P's values past that."""
     rng = np.random.default_rng(11)
     kinds = set()
@@ -146,6 +147,13 @@ def test_the_compact_walk_matrix_is_the_transition_matrix(integer, largest, wide
         kinds.add(walk.weights.dtype.type)
         assert np.array_equal(walk.as_csr().indices, p_matrix.indices)
         assert np.array_equal(walk.as_csr().data, p_matrix.data)
+        rows = np.random.default_rng(n).choice(n, size=7, replace=False)  # the graphs' draws stay as they were
+        columns, values = walk.entries(rows)
+        assert np.array_equal(columns, np.concatenate([p_matrix[r].indices for r in rows]))
+        assert np.array_equal(values, np.concatenate([p_matrix[r].data for r in rows]))
+        degree = np.asarray(adjacency.sum(axis=1)).ravel()[rows]
+        expected = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0) if walk.whole else np.ones(len(rows))
+        assert np.array_equal(walk.inverse_degrees(rows), expected)
     assert widest in kinds
 
 

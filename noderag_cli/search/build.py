@@ -53,7 +53,8 @@ class Build:
                                       _mapped(generation.array("node_of_vector")), _mapped(generation.array("scanned_rows")),
                                       scan8, clusters, vector_probes)
         self._walks = {float(meta["walk_similarity_weight"]): WalkMatrix(*(_mapped(generation.array(n)) for n in WALK_ARRAYS))}
-        self.leads_indptr, self.leads_indices = _mapped(generation.array("leads_indptr")), _mapped(generation.array("leads_indices"))
+        self.leads_rows, self.leads_indptr, self.leads_indices = (_mapped(generation.array(name)) for name in
+                                                                  ("leads_rows", "leads_indptr", "leads_indices"))
         self.value_kinds, self.unit_chunk = _mapped(generation.array("value_kinds")), _mapped(generation.array("unit_chunk"))
         self.key_indptr, self.key_ids = _mapped(generation.array("key_indptr")), _mapped(generation.array("key_ids"))
         self.doc_indptr, self.doc_codes = _mapped(generation.array("doc_indptr")), _mapped(generation.array("doc_codes"))

@@ -45,7 +45,7 @@ def path_back(walk: WalkMatrix, support: np.ndarray, mass: np.ndarray, entries: 
         if not usable.any():
             break
         neighbours, weights, position = neighbours[usable], weights[usable], position[usable]
-        sent = mass[position] * walk.inverse[neighbours] * weights
+        sent = mass[position] * walk.inverse_degrees(neighbours) * weights
         is_entry = _member(entries, neighbours)
         if is_entry.any():
             sent = np.where(is_entry, sent, -1.0)

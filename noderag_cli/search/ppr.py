@@ -6,9 +6,9 @@ P is the row-normalised weighted adjacency. A fixed, small number of steps from 
 points reads only the rows of P that carry mass. "Deep" PPR (the ablation) is the same walk
 with enough steps to converge (evaluate/variants.py).
 
-P is kept as `WalkMatrix`: the adjacency's CSR layout with byte weights and one inverse degree
-per row, built at index time for the configured similarity weight (search/prepare.py) and read
-by memory mapping. Neither building nor walking it needs scipy.
+P is kept as `WalkMatrix`: the adjacency's CSR layout with byte weights, built at index time for
+the configured similarity weight (search/prepare.py) and read by memory mapping; a row's inverse
+degree is summed from the weights it gathers anyway. Neither building nor walking it needs scipy.
 """
 
 from __future__ import annotations
@@ -22,20 +22,25 @@ from ..graph import distinct, row_entries
 
 @dataclass(frozen=True)
 class WalkMatrix:
-    """P as the walk reads it: (indptr, indices, weights, inverse degree per row), where P's entry
-    is inverse[row] x weight. The entry order is part of the walk's bits (it is the order of its
-    sums). Edge weights are whole numbers, mostly small: they fit a byte (an eighth of P's float64
-    values), or two bytes where a pair's edges add up past 255 (a large corpus has some). P's own
-    values (and an inverse of 1) are the fallback when a weight is not such a number."""
+    """P as the walk reads it: (indptr, indices, weights), where P's entry is weight / the row's
+    weighted degree. The entry order is part of the walk's bits (it is the order of its sums). Edge
+    weights are whole numbers, mostly small: they fit a byte (an eighth of P's float64 values), or
+    two bytes where a pair's edges add up past 255 (a large corpus has some). A sum of whole numbers
+    has the same bits in any order, so a row's degree is summed from its weights when they are read
+    rather than stored (a float64 per node). P's own values are the fallback when a weight is not
+    such a number (`whole` is then False and a row's inverse degree 1)."""
 
     indptr: np.ndarray  # int32
     indices: np.ndarray  # int32
     weights: np.ndarray  # uint8 or uint16, or float64 (the fallback)
-    inverse: np.ndarray  # float64
 
     @property
     def n(self) -> int:
         return len(self.indptr) - 1
+
+    @property
+    def whole(self) -> bool:
+        return self.weights.dtype.kind == "u"
 
     @classmethod
     def from_csr(cls, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) -> WalkMatrix:
@@ -45,11 +50,6 @@ class WalkMatrix:
         n = len(indptr) - 1
         counts = np.diff(indptr)
         rows = np.repeat(np.arange(n), counts)
-        degree = np.zeros(n)
-        filled = counts > 0
-        if filled.any():  # np.add.reduceat: the bits of scipy's row sums, for any weights
-            degree[filled] = np.add.reduceat(np.asarray(data, np.float64), indptr[:-1][filled])
-        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         reverse = (indptr[1:][rows] - 1 - (np.arange(len(rows)) - indptr[:-1][rows])).astype(np.int64)
         weights = np.asarray(data, np.float64)[reverse]
         index_type = np.int32 if len(indices) < 2**31 else np.int64
@@ -57,8 +57,13 @@ class WalkMatrix:
         for whole in (np.uint8, np.uint16):
             small = weights.astype(whole)
             if np.array_equal(small, weights):
-                return cls(indptr, columns, small, inverse)
-        return cls(indptr, columns, inverse[rows] * weights, np.ones(n))
+                return cls(indptr, columns, small)
+        degree = np.zeros(n)
+        filled = counts > 0
+        if filled.any():  # np.add.reduceat: the bits of scipy's row sums, for any weights
+            degree[filled] = np.add.reduceat(np.asarray(data, np.float64), indptr[:-1][filled])
+        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        return cls(indptr, columns, inverse[rows] * weights)
 
     @classmethod
     def from_adjacency(cls, adjacency) -> WalkMatrix:
@@ -68,18 +73,35 @@ class WalkMatrix:
         adjacency.eliminate_zeros()
         return cls.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
 
+    def _values(self, weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """P's values of whole rows whose gathered `weights` come `counts` to a row, in order."""
+        if not self.whole:
+            return weights.astype(np.float64, copy=False)
+        owner = np.repeat(np.arange(len(counts)), counts)
+        degree = np.bincount(owner, weights=weights, minlength=len(counts))  # whole numbers: exact
+        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        return inverse[owner] * weights
+
+    def inverse_degrees(self, rows: np.ndarray) -> np.ndarray:
+        """1 / the weighted degree of each of `rows` (0 for a row without edges; 1 for the fallback)."""
+        if not self.whole:
+            return np.ones(len(rows))
+        counts = self.indptr[rows + 1] - self.indptr[rows]
+        degree = np.bincount(np.repeat(np.arange(len(rows)), counts),
+                             weights=self.weights[row_entries(self.indptr, rows)], minlength=len(rows))
+        return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+
     def as_csr(self):
         """P as a scipy CSR matrix, entries in the same order and with the same bits."""
         import scipy.sparse as sp
 
-        owner = np.repeat(np.arange(self.n), np.diff(self.indptr))
-        return sp.csr_matrix((self.inverse[owner] * self.weights, self.indices, self.indptr), shape=(self.n, self.n))
+        values = self._values(self.weights, np.diff(self.indptr))
+        return sp.csr_matrix((values, self.indices, self.indptr), shape=(self.n, self.n))
 
     def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(columns, P's values) of every entry of the given rows, row after row."""
         offsets = row_entries(self.indptr, rows)
-        owner = np.repeat(rows, self.indptr[rows + 1] - self.indptr[rows])
-        return self.indices[offsets], self.inverse[owner] * self.weights[offsets]
+        return self.indices[offsets], self._values(self.weights[offsets], self.indptr[rows + 1] - self.indptr[rows])
 
 
 def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

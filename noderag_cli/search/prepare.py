@@ -10,14 +10,14 @@ size, and a question reads only the pages it touches.
 | node_text (arrow) | text per node, in node order (= id order) |
 | id_hash | per node, the 16 hex digits of its id as an integer (uint64); with its type, its id |
 | type_codes | per node, its type as `TYPE_CODE` (int8) |
-| tokens | per node, tokens of its text (int32) |
+| tokens | per node, tokens of its text (uint16; int32 when a text has 65,536 or more) |
 | vector_of_node | per node, its row in vectors.faiss or -1 (int32) |
 | node_of_vector, scanned_rows | per vector, its node; the vector rows of the S, A, H nodes |
 | scan8.faiss | below `search.clustered_from` S, A, H vectors: an int8 copy of them (`scan8` in the manifest: scale, rounding error) |
 | cluster_centroids, cluster_indptr, cluster_rows | from there on: their clusters (`ivf.Clusters`): unit centroids, and each cluster's vector rows |
 | cluster_codes | the int8 codes of those rows, cluster after cluster (ranking only: no scale is kept) |
 | walk_* | P for the configured similarity weight (`ppr.WalkMatrix`) |
-| leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR) |
+| leads_rows, leads_indptr, leads_indices | the structural edges that end in an A or H node (CSR over the rows that have one, `leads_rows`: a few in a hundred) |
 | key_indptr, key_ids | per node, its sentence keys as 64-bit hashes (CSR; retrievable nodes only; `context.sentence_key_hash`) |
 | doc_indptr, doc_codes, document_names (arrow) | per node, its source documents' paths, sorted |
 | value_kinds | per node, the kinds of value a unit's text holds (`nlp.VALUE_BITS`: a date, a number; uint8; 0 for other types) |
@@ -46,12 +46,12 @@ from . import context
 from .entry import KEY_SEPARATOR, NameIndex, name_words
 from .ppr import WalkMatrix
 
-VERSION = 8  # of these structures' definition; a build of another is rebuilt
+VERSION = 9  # of these structures' definition; a build of another is rebuilt
 SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 KEY_IDS = "blake2b-64"  # what a build's sentence-key ids are (`context.sentence_key_hash`): only such are reused
 TEXT_BLOCK = 65_536  # nodes whose texts are turned into Python strings at a time
-WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights", "walk_inverse")
+WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights")
 
 
 @dataclass
@@ -440,7 +440,8 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
     with ThreadPoolExecutor(1) as pool:
         text_part = pool.submit(_text_structures, nodes, codes, earlier)
         out.arrays["type_codes"] = codes
-        out.arrays["tokens"] = nodes["tokens"].to_numpy().astype(np.int32)
+        tokens = nodes["tokens"].to_numpy()
+        out.arrays["tokens"] = tokens.astype(np.uint16 if not len(tokens) or int(tokens.max()) < 2**16 else np.int32)
         vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
         out.arrays["vector_of_node"] = vector_row
         out.tables["node_text"] = pa.table({"text": nodes["text"]})
@@ -469,13 +470,14 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         structural = parts.adjacency(0.0)
         walk = walk_matrix(parts, similarity_weight)
         del parts
-        for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights, walk.inverse), strict=True):
+        for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights), strict=True):
             out.arrays[name] = array
         out.meta["walk_similarity_weight"] = float(similarity_weight)
         # the structural edges that end in an A or H node: what an entity or overview leads to
         ends_led = IS_LED[codes[structural.indices]]
         counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
-        out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts)].astype(np.int32)
+        out.arrays["leads_rows"] = np.flatnonzero(counts).astype(np.int32)
+        out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts[counts > 0])].astype(np.int32)
         out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
         out.arrays["unit_chunk"] = unit_chunks(structural, codes, one_place_chunks(nodes, chunks))
 

@@ -34,7 +34,10 @@ def led(build: Build, support: np.ndarray, codes: np.ndarray, is_entry: np.ndarr
     leaders = np.concatenate([np.flatnonzero(is_entry & IS_LEADER[codes]), entities])
     if not len(leaders):
         return np.zeros(0, np.int64)
-    reached = distinct(build.leads_indices[row_entries(build.leads_indptr, support[leaders])])
+    rows = support[leaders]
+    at = np.minimum(np.searchsorted(build.leads_rows, rows), max(len(build.leads_rows) - 1, 0))
+    leading = at[build.leads_rows[at] == rows] if len(build.leads_rows) else at[:0]
+    reached = distinct(build.leads_indices[row_entries(build.leads_indptr, leading)])
     return np.searchsorted(support, reached)  # reached from a node with mass: always in the support
 
 
