@@ -49,10 +49,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 DICTIONARY_ENCODED = frozenset({"type", "kind", "status", "stage", "reason",  # a handful of distinct values
-                                "chunk_ids.list.element", "doc_ids.list.element", "target", "chunk"})
+                                "tokens", "community", "weight",  # small numbers, often repeated
+                                "chunk_ids.list.element", "doc_ids.list.element", "target", "chunk",
+                                "candidates.list.element"})
 """Columns dictionary-encoded in parquet: a handful of distinct values, or ids each repeated many
 times in no order that run-length encoding would catch (a node's chunks and documents, an edge's
-second end): a third smaller. For other ids and texts the encoder's attempt only costs time."""
+second end, the vector rows of the similarity lists' candidates, each in about 80 lists): a third
+smaller, the candidates a fifth (their dictionary indices take the bits the vector count needs, not
+32). For other ids and texts the encoder's attempt only costs time."""
 
 
 PROSE = frozenset({"text", "name", "title", "texts.list.element"})
