@@ -11,6 +11,7 @@ import pytest
 from conftest import SAMPLE_CORPUS
 
 from noderag_cli import api
+from noderag_cli.graph import merge_edges
 from noderag_cli.index import pipeline
 from noderag_cli.index.outputs import (
     CHUNK_IDS,
@@ -48,6 +49,16 @@ def test_a_new_stage_is_rerun_when_a_file_it_declares_changes_and_only_then(tmp_
     assert decide(ws, extra, entry, "s", {**before, DECOMPOSE_NODES: "n2"}, "").reason == "its inputs changed"
     unread = decide(ws, extra, entry, "s", {**before, CHUNKS: "c2", DECOMPOSE_EDGES: "e2"}, "")
     assert unread.reason != "its inputs changed"  # files of the same stages that it does not read
+
+
+def test_every_stage_writes_its_edges_merged(built):
+    """A stage that reads one edge table takes it as written (`StageRun.edges`), which holds only
+    while every stage writes its edges as `merge_edges` leaves them: one row per pair, sorted."""
+    ws = Workspace(built)
+    for output in EDGE_OUTPUTS:
+        table = output.read(ws)
+        assert table.num_rows, output
+        assert merge_edges([table]).equals(table), output
 
 
 def test_every_node_and_edge_table_is_embedded_and_assembled():

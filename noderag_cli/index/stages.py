@@ -167,8 +167,10 @@ class StageRun:
         return pa.concat_tables([self.read(o) for o in outputs])
 
     def edges(self, *outputs: Output) -> pa.Table:
-        """Edge tables, merged (`graph.merge_edges`)."""
-        return merge_edges([self.read(o) for o in outputs])
+        """Edge tables, merged (`graph.merge_edges`). One table is taken as it is: every stage writes
+        its edges merged (one row per pair, sorted), which merging again would only copy."""
+        tables = [self.read(o) for o in outputs]
+        return tables[0] if len(tables) == 1 else merge_edges(tables)
 
     def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
         self.write(NODES, nodes)
