@@ -176,6 +176,36 @@ def test_an_incremental_update_on_the_clustered_path_keeps_the_anchor_clusters(t
         assert build_file(tmp_path / "one", trained).read_bytes() == build_file(fresh, trained).read_bytes(), trained
 
 
+def test_an_update_takes_unchanged_vectors_clusters_from_the_earlier_build(tmp_path, clustered_build,
+                                                                          clustered_config):
+    """An incremental update keeps the vector side's centroids; a vector whose node has the same id
+    and text as in the earlier build takes its cluster from there instead of being scored against
+    every centroid, and the clusters are those scoring every vector gives."""
+    from noderag_cli.index.assemble import open_current
+    from noderag_cli.search.prepare import EarlierText, vector_clusters
+    from noderag_cli.workspace import Workspace
+
+    folder = shutil.copytree(SAMPLE_CORPUS, tmp_path / "docs")
+    (folder / "new.md").write_text("# Calder Point\n\nCalder Point Shipworks built the Orlen ferries in 1911.\n")
+    workspace = copy_workspace(clustered_build, tmp_path / "ws")
+    with open_current(Workspace(workspace)) as before:
+        embedded = before.manifest["embedding"]["vectors"]
+        earlier = EarlierText.read(before, embedded)
+        assert earlier is not None and earlier.cluster_of is not None
+        index(workspace, folder, "--config", clustered_config)
+        with open_current(Workspace(workspace)) as after:
+            nodes = after.table("nodes", ["id", "text"])
+            scanned = after.array("node_of_vector")[after.array("scanned_rows")]
+            names, texts = nodes["id"].combine_chunks().take(scanned), nodes["text"].combine_chunks().take(scanned)
+            centroids = after.array("cluster_centroids")
+            known = earlier.clusters_of(earlier.rows_of(names, texts), centroids)
+            assert 0 < (known < 0).sum() < len(known) / 4  # the new document's vectors only
+            vectors = ivf.read_stored(after.path("vectors.faiss"))[after.array("scanned_rows")]
+            _, indptr, members = vector_clusters(vectors, names.to_pylist(), 42, centroids)  # every vector scored
+            assert np.array_equal(after.array("cluster_indptr"), indptr)
+            assert np.array_equal(after.array("cluster_rows"), after.array("scanned_rows")[members])
+
+
 def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_path):
     """With every cluster probed, the clustered vector side returns exactly the scan's top k; with
     a few, each result is a true cosine and a subset of the scan's candidates."""

@@ -130,7 +130,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         with open_current(ws) as current:  # a cache: the new build's bytes are the same without it
             prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
                                config.search.clustered_from, chunks, centroids,
-                               EarlierText.read(current) if current is not None else None)
+                               EarlierText.read(current, embedder.vector_id) if current is not None else None)
         for name, array in prepared.arrays.items():
             writer.array(name, array)
         for name, table in prepared.tables.items():

@@ -297,9 +297,10 @@ def unit_chunks(structural: Adjacency, codes: np.ndarray, one_place: np.ndarray)
 @dataclass(frozen=True)
 class EarlierText:
     """What an earlier build derived from each node's own text (sentence key ids, value kinds, name
-    words), to take for the nodes whose id and text are unchanged instead of deriving it again (an
-    update changes a few): `_text_structures` gives the same arrays either way. Read with
-    `EarlierText.read`, which checks each file it uses against the build's manifest."""
+    words, and the vector side's cluster of its vector), to take for the nodes whose id and text are
+    unchanged instead of deriving it again (an update changes a few): `_text_structures` and
+    `vector_clusters` give the same arrays either way. Read with `EarlierText.read`, which checks
+    each file it uses against the build's manifest."""
 
     ids: pa.Array
     texts: pa.Array  # the text each structure was derived from (for N and O nodes: the name, else the text)
@@ -308,18 +309,24 @@ class EarlierText:
     value_kinds: np.ndarray
     name_key: np.ndarray  # per node, its name's position in name_keys, or -1
     name_keys: pa.Array
+    cluster_centroids: np.ndarray | None = None  # the vector side's, when the build has clusters
+    cluster_of: np.ndarray | None = None  # per node, its vector's cluster among them, or -1
 
     FILES = ("nodes.parquet", "node_text.arrow", "key_indptr.npy", "key_ids.npy", "value_kinds.npy",
              "name_indptr.npy", "name_rows.npy", "name_keys.arrow")
+    CLUSTER_FILES = ("cluster_centroids.npy", "cluster_indptr.npy", "cluster_rows.npy", "node_of_vector.npy")
 
     @classmethod
-    def read(cls, generation) -> EarlierText | None:
+    def read(cls, generation, vectors_id: str | None = None) -> EarlierText | None:
         """The earlier build's, or None when it holds another version of these structures, sentence
         keys numbered otherwise (a build made before they were `KEY_IDS`: the search reads those as
         well, but they cannot be mixed with these), or a file it needs does not match its checksum;
-        then everything is derived again."""
+        then everything is derived again. Its clusters only when its vectors came from `vectors_id`
+        (the embedder's `vector_id`: a node's text then has the same vector)."""
         meta = generation.meta
-        if meta.get("version") != VERSION or meta.get("key_ids") != KEY_IDS or generation.verify(cls.FILES):
+        embedded = generation.manifest.get("embedding", {}).get("vectors")
+        files = cls.FILES + (cls.CLUSTER_FILES if "clusters" in meta and vectors_id and embedded == vectors_id else ())
+        if meta.get("version") != VERSION or meta.get("key_ids") != KEY_IDS or generation.verify(files):
             return None
         try:
             nodes = generation.table("nodes", ["id", "type", "name"])
@@ -327,12 +334,25 @@ class EarlierText:
             indptr, rows = generation.array("name_indptr"), generation.array("name_rows")
             keys = [generation.array(name) for name in ("key_indptr", "key_ids", "value_kinds")]
             name_keys = generation.arrow("name_keys")["key"].combine_chunks()
+            clustered = [generation.array(file.removesuffix(".npy")) for file in files if file in cls.CLUSTER_FILES]
         except DamagedError:  # a file its manifest does not list
             return None
         name_key = np.full(nodes.num_rows, -1, np.int64)
         name_key[rows] = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        centroids = cluster_of = None
+        if clustered:
+            centroids, cluster_indptr, members, node_of_vector = clustered
+            cluster_of = np.full(nodes.num_rows, -1, np.int64)
+            cluster_of[node_of_vector[members]] = np.repeat(np.arange(len(centroids)), np.diff(cluster_indptr))
         return cls(nodes["id"].combine_chunks(), _derived_from(nodes["type"], nodes["name"], text), *keys,
-                   name_key, name_keys)
+                   name_key, name_keys, centroids, cluster_of)
+
+    def clusters_of(self, rows: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+        """Per earlier row (-1: none), the cluster its vector was in when the earlier build's vector
+        side had these `centroids`, else -1: the nearest centroid of the same vector."""
+        if self.cluster_of is None or not np.array_equal(self.cluster_centroids, centroids):
+            return np.full(len(rows), -1, np.int64)
+        return np.where(rows >= 0, self.cluster_of[np.maximum(rows, 0)], -1)
 
     def rows_of(self, ids: pa.Array, texts: pa.Array) -> np.ndarray:
         """Per node, its row in the earlier build when it has the same id and derived-from text, else -1."""
@@ -409,18 +429,22 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     return arrays, tables, {"sentence_keys": int(len(distinct(key_ids))), "key_ids": KEY_IDS}
 
 
-def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None,
+                    known: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The clusters the vector side probes in a large build: (unit centroids (c, d) float32, indptr,
     members as positions in `vectors`), each vector in its nearest cluster; order-free, as
     `ivf.Clusters` is, so the same vectors give the same bytes. `centroids`: an earlier build's
-    (an incremental update keeps them, index/anchor.py), else trained."""
-    grid = ivf.quantised(vectors)
+    (an incremental update keeps them, index/anchor.py), else trained; `known`: with them, per
+    vector its cluster where an earlier build found it (`EarlierText.clusters_of`), -1 elsewhere:
+    only the others are scored against every centroid."""
     if centroids is None:
-        clusters = ivf.Clusters.build(grid, names, seed, ivf.BUCKET, 1, 1)
+        clusters = ivf.Clusters.build(ivf.quantised(vectors), names, seed, ivf.BUCKET, 1, 1)
     else:
         on_grid = np.asarray(centroids, np.float32) * np.float32(ivf.QUANT)  # exact: they were divided by it
-        clusters = ivf.Clusters(on_grid, ivf.nearest(grid, on_grid, 1), 1)
+        nearest = np.full(len(vectors), -1, np.int64) if known is None else np.array(known, np.int64)
+        todo = np.flatnonzero(nearest < 0)
+        nearest[todo] = ivf.nearest(ivf.quantised(vectors[todo]), on_grid, 1)[:, 0]
+        clusters = ivf.Clusters(on_grid, nearest[:, None].astype(np.int32), 1)
     indptr, members = clusters.members()
     return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
 
@@ -454,8 +478,14 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
         scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
         out.arrays["scanned_rows"] = scanned_rows
         if clustered_from is not None and len(scanned_rows) >= clustered_from:
-            names = nodes["id"].take(pa.array(node_of_vector[scanned_rows])).to_pylist()
-            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names, seed, centroids)
+            scanned_nodes = pa.array(node_of_vector[scanned_rows])
+            names = nodes["id"].combine_chunks().take(scanned_nodes)
+            known = None
+            if centroids is not None and earlier is not None:
+                texts = nodes["text"].combine_chunks().take(scanned_nodes)
+                known = earlier.clusters_of(earlier.rows_of(names, texts), centroids)
+            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names.to_pylist(), seed, centroids,
+                                                         known)
             out.arrays["cluster_centroids"] = centroids
             out.arrays["cluster_indptr"] = indptr
             out.arrays["cluster_rows"] = scanned_rows[members]
