@@ -236,12 +236,20 @@ class Embedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 vectors on the stored (half-precision) grid, one row per text: from this embedder's memory (the stages
         of one run ask for the same texts, and an update's unchanged nodes come with the last
-        build's vectors), else computed. The bundled model's vectors are computed on the
-        executor's workers and never cached: they cost less to compute than to read back, and the
-        build holds them once. A model behind litellm is paid per call: its vectors go through the
-        workspace cache."""
+        build's vectors), else computed (`embed_ahead`)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        self.embed_ahead(texts)
+        memo = self._memo
+        return np.stack([memo[t] for t in texts]).astype(np.float32)
+
+    def embed_ahead(self, texts: list[str]) -> None:
+        """The vectors of `texts` into this embedder's memory, none returned: for a stage that has
+        the texts at hand before a later one asks for them (a build's every unit and chunk would
+        otherwise be copied into one float32 array, 1 GB at 200,000 passages, only to be dropped).
+        The bundled model's vectors are computed on the executor's workers and never cached: they
+        cost less to compute than to read back, and the build holds them once. A model behind
+        litellm is paid per call: its vectors go through the workspace cache."""
         if self.cache is not None and self.cache.recording and self.config.backend != "wordllama":
             self.cache.touch(EMBEDDING, map(self.cache_key, dict.fromkeys(texts)))  # memory's too: still needed
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
@@ -268,5 +276,3 @@ class Embedder:
                 self._memo.update(zip([text for text, _ in part], vectors.astype(STORED_DTYPE), strict=True))
                 if self.cache:
                     self.cache.put_many(EMBEDDING, [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
-        memo = self._memo
-        return np.stack([memo[t] for t in texts]).astype(np.float32)

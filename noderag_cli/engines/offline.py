@@ -197,7 +197,7 @@ class OfflineEngine(Engine):
         keys = [json_digest([self.name, self.embedder.vector_id, task, payload]) for payload in payloads]
         found = self.cache.get_many(OFFLINE, keys) if self.cache is not None else {}
         missing = [payload for key, payload in zip(keys, payloads, strict=True) if key not in found]
-        self.embedder.embed(_distinct(t for payload in missing for t in texts_of(payload)))
+        self.embedder.embed_ahead(_distinct(t for payload in missing for t in texts_of(payload)))
         results, fresh = [], []
         for key, payload in zip(keys, payloads, strict=True):
             if key in found:

@@ -266,7 +266,7 @@ def _decompose(run: StageRun) -> dict:
     del occurrences, links  # the stage's largest tables: let go before the vectors are made
     release_memory()
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-    run.embedder.embed(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
+    run.embedder.embed_ahead(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
     failed = run.commit_graph(nodes, edges, failures)
     if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
         run.ws.cache.compact()
@@ -283,7 +283,7 @@ def _attributes(run: StageRun) -> dict:
         run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
     )
-    run.embedder.embed(new_nodes["text"].to_pylist())
+    run.embedder.embed_ahead(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
     run.write(ATTRIBUTE_SUMMARIES.file, summaries)
     anchor_chunks = kept_against.chunks if kept_against else run.read(CHUNK_IDS)["chunk_id"]
