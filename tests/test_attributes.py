@@ -64,3 +64,26 @@ def test_important_entities_are_hubs_and_bridges():
     graph = _graph(g, types)
     chosen = set(graph.ids[important_entities(graph, pivots=len(graph.ids), seed=42)].tolist())
     assert chosen == {"N_0100"}
+
+
+def test_an_attribute_is_written_from_statements_first_then_stubs_by_id_within_its_budget():
+    """Each chosen entity's texts, all entities at once: its S neighbours before its R neighbours,
+    each kind by id (whatever the table's order), as many as fit the token budget, and the first
+    alone when even it does not fit; an entity without any gets none."""
+    from noderag_cli.index.attributes import _picked_texts
+
+    rows = [("N_a", "N", 0), ("N_b", "N", 0), ("N_c", "N", 0), ("N_d", "N", 0), ("S_3", "S", 40), ("R_1", "R", 10),
+            ("S_1", "S", 30), ("T_1", "T", 5), ("S_2", "S", 200), ("R_0", "R", 20)]
+    nodes = pa.table({"id": [r[0] for r in rows], "type": [r[1] for r in rows],
+                      "tokens": pa.array([r[2] for r in rows], pa.int32())})
+    links = [("N_a", "S_3"), ("N_a", "R_1"), ("N_a", "S_1"), ("N_a", "T_1"), ("N_a", "R_0"), ("N_b", "S_2"),
+             ("N_b", "S_1"), ("N_c", "N_a"), ("N_d", "S_2")]
+    edges = pa.table({"source": [a for a, _ in links], "target": [b for _, b in links],
+                      "weight": pa.array(np.ones(len(links)), pa.float32())})
+    graph = Graph.from_tables(nodes, edges)
+    row = {r[0]: i for i, r in enumerate(rows)}
+    chosen = np.array([row["N_a"], row["N_b"], row["N_c"], row["N_d"]])
+    named = [[rows[j][0] for j in picked] for picked in _picked_texts(graph, nodes, chosen, 80)]
+    assert named == [["S_1", "S_3"], ["S_1"], [], ["S_2"]]  # 30 + 40 fit 80; R_0 would make 90
+    named = [[rows[j][0] for j in picked] for picked in _picked_texts(graph, nodes, chosen, 1000)]
+    assert named == [["S_1", "S_3", "R_0", "R_1"], ["S_1", "S_2"], [], ["S_2"]]

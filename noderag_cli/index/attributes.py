@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import nlp
 from ..engines.base import AttributeInput, Engine, Failure
-from ..graph import Graph, NodeSet, attribute_id, make_edges
+from ..graph import Graph, NodeSet, attribute_id, make_edges, row_entries
 from . import summaries
 from .anchor import Anchor, summaries_table, text_hash
 
@@ -110,6 +111,33 @@ def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     return np.flatnonzero(core | bridges)
 
 
+def _picked_texts(graph: Graph, nodes: pa.Table, chosen: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Per chosen entity, the S and R neighbours its attribute is written from: S before R, then by
+    id (deterministic, and statements before stubs), as many as fit `max_tokens` (at least one when
+    it has any). Every entity's at once, on arrays."""
+    counts = graph.degree[chosen]
+    owner = np.repeat(np.arange(len(chosen)), counts)
+    neighbour = graph.indices[row_entries(graph.indptr, chosen)].astype(np.int64)
+    statement = graph.types[neighbour] == "S"
+    usable = statement | (graph.types[neighbour] == "R")
+    owner, neighbour, statement = owner[usable], neighbour[usable], statement[usable]
+    if not len(neighbour):
+        return [neighbour] * len(chosen)
+    id_rank = np.empty(len(graph.ids), np.int64)
+    id_rank[pc.sort_indices(nodes["id"]).to_numpy()] = np.arange(len(graph.ids))
+    order = np.lexsort((id_rank[neighbour], ~statement, owner))
+    owner, neighbour = owner[order], neighbour[order]
+    tokens = nodes["tokens"].to_numpy().astype(np.int64)[neighbour]
+    starts = np.searchsorted(owner, np.arange(len(chosen) + 1))
+    before = np.cumsum(tokens) - tokens
+    within = before + tokens - np.repeat(before[np.minimum(starts[:-1], len(tokens) - 1)],
+                                         np.diff(starts))  # each entity's running total
+    first = np.zeros(len(owner), bool)
+    first[starts[:-1][np.diff(starts) > 0]] = True
+    keep = (within <= max_tokens) | first
+    return np.split(neighbour[keep], np.searchsorted(owner[keep], np.arange(1, len(chosen))))
+
+
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int, leaf_tokens: int,
     progress: Callable[[int], None] | None = None, count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
@@ -121,18 +149,14 @@ def run(
     `resummarize_share` since its attribute was written keeps it, and nothing is asked."""
     graph = Graph.from_tables(nodes, edges)
     chosen = important_entities(graph, pivots, seed)
-    texts = nodes["text"].to_pylist()
-    names = nodes["name"].to_pylist()
-    chunk_ids = nodes["chunk_ids"].to_pylist()
+    picked_by = _picked_texts(graph, nodes, chosen, max_tokens)
+    rows = np.concatenate([chosen, *picked_by]).astype(np.int64)  # only these nodes' columns become Python objects
+    texts, names, chunk_ids = ({int(r): value for r, value in zip(rows.tolist(), nodes[column].take(pa.array(rows)).to_pylist(),
+                                                                  strict=True)} for column in ("text", "name", "chunk_ids"))
     tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, sources, counts = [], [], []
-    for i in chosen.tolist():
-        neighbours = graph.indices[graph.indptr[i] : graph.indptr[i + 1]]
-        neighbours = neighbours[np.isin(graph.types[neighbours], ["S", "R"])]
-        # S before R, then by id: deterministic, and statements before stubs
-        neighbours = sorted(neighbours.tolist(), key=lambda j: (graph.types[j] != "S", graph.ids[j]))
-        keep = np.cumsum(tokens[neighbours]) <= max_tokens if neighbours else np.zeros(0, bool)
-        picked = [j for j, k in zip(neighbours, keep, strict=True) if k] or neighbours[:1]
+    for i, picked in zip(chosen.tolist(), picked_by, strict=True):
+        picked = picked.tolist()
         items.append(AttributeInput(entity=names[i] or texts[i], texts=tuple(texts[j] for j in picked)))
         sources.append((i, picked))
         counts.append(tokens[picked].tolist())
