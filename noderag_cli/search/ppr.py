@@ -62,8 +62,7 @@ class WalkMatrix:
         filled = counts > 0
         if filled.any():  # np.add.reduceat: the bits of scipy's row sums, for any weights
             degree[filled] = np.add.reduceat(np.asarray(data, np.float64), indptr[:-1][filled])
-        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-        return cls(indptr, columns, inverse[rows] * weights)
+        return cls(indptr, columns, _inverse(degree)[rows] * weights)
 
     @classmethod
     def from_adjacency(cls, adjacency) -> WalkMatrix:
@@ -78,18 +77,15 @@ class WalkMatrix:
         if not self.whole:
             return weights.astype(np.float64, copy=False)
         owner = np.repeat(np.arange(len(counts)), counts)
-        degree = np.bincount(owner, weights=weights, minlength=len(counts))  # whole numbers: exact
-        inverse = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-        return inverse[owner] * weights
+        return _inverse(np.bincount(owner, weights=weights, minlength=len(counts)))[owner] * weights  # sums of whole numbers: exact
 
     def inverse_degrees(self, rows: np.ndarray) -> np.ndarray:
         """1 / the weighted degree of each of `rows` (0 for a row without edges; 1 for the fallback)."""
         if not self.whole:
             return np.ones(len(rows))
         counts = self.indptr[rows + 1] - self.indptr[rows]
-        degree = np.bincount(np.repeat(np.arange(len(rows)), counts),
-                             weights=self.weights[row_entries(self.indptr, rows)], minlength=len(rows))
-        return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        return _inverse(np.bincount(np.repeat(np.arange(len(rows)), counts),
+                                    weights=self.weights[row_entries(self.indptr, rows)], minlength=len(rows)))
 
     def as_csr(self):
         """P as a scipy CSR matrix, entries in the same order and with the same bits."""
@@ -102,6 +98,11 @@ class WalkMatrix:
         """(columns, P's values) of every entry of the given rows, row after row."""
         offsets = row_entries(self.indptr, rows)
         return self.indices[offsets], self._values(self.weights[offsets], self.indptr[rows + 1] - self.indptr[rows])
+
+
+def _inverse(degree: np.ndarray) -> np.ndarray:
+    """1 / degree, 0 for a row without edges."""
+    return np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
 
 
 def _walk(walk: WalkMatrix, rows: np.ndarray, mass: np.ndarray, also: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
