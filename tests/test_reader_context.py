@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from noderag_cli import api, nlp
+from noderag_cli.engines import extractive
 from noderag_cli.node_types import TYPE_CODE
 from noderag_cli.search import context
 
@@ -215,3 +216,62 @@ def test_the_sentence_that_holds_the_questions_rarer_words_enters_the_context(sn
             for weight in (0.0, 1.5):
                 params = snowfall.search_settings(budget_tokens=budget, question_words_weight=weight)
                 assert answer in snowfall.retrieve(control, params).context_text()
+
+
+def _offline_answer(question: str, sentences: list[tuple[str, str]]) -> extractive.Answer:
+    """The offline answer over a hand-made context of units, with the bundled embeddings."""
+    from noderag_cli.config import EmbeddingConfig
+    from noderag_cli.embeddings import Embedder
+
+    context = "\n".join(f"[S] {text} (from {source})" for text, source in sentences)
+    return extractive.answer_parts(question, context, Embedder(EmbeddingConfig()).embed)
+
+
+BANDS = [("The Larkspurs: The Larkspurs are a rock band from Leeds, formed in 1997.", "larkspurs.md"),
+         ("The Larkspurs: Their albums of 2003 and 2004 sold 400,000 copies.", "larkspurs.md"),
+         ("Copper Vale: Copper Vale is a rock band, formed in 2006 in Bristol by Ann Moss.", "copper.md"),
+         ("Copper Vale: Copper Vale released one album, on which Ann Moss sings.", "copper.md"),
+         ("Ann Moss: Ann Moss (born 1979) is a Welsh singer.", "moss.md")]
+
+
+def test_a_choice_question_is_answered_by_one_of_its_two_things():
+    """"Which came first, A or B?" asks for A or B, which the question itself names (other questions
+    never answer with what they name): by the earliest year told of each, or by the sentences that
+    hold the question's other words. A question with "or" inside is no choice (the control)."""
+    assert extractive.choices("Which band was formed first, The Larkspurs or Copper Vale?") == ["The Larkspurs",
+                                                                                              "Copper Vale"]
+    assert extractive.choices("Which came first the forming of The Larkspurs or the birth of Ann Moss?") == [
+        "The Larkspurs", "Ann Moss"]
+    assert extractive.choices("Who directed the film that was shot in or around Leland in 1986?") == []
+    first = _offline_answer("Which band was formed first, The Larkspurs or Copper Vale?", BANDS)
+    assert first.short == "The Larkspurs" and "1997" in first.sentences[0][0]
+    assert _offline_answer("Which band was formed last, The Larkspurs or Copper Vale?", BANDS).short == "Copper Vale"
+    assert _offline_answer("Which band has a Welsh singer, Copper Vale or The Larkspurs?", BANDS).short == "Copper Vale"
+
+
+def test_the_short_answer_is_a_name_as_fully_as_the_context_writes_it():
+    """A name given in part (a surname when the question asks who, a name without its nickname) is
+    completed from the sentence it comes from, then its passage, then the context; a longer name
+    that goes on past it (a band named after the singer) is not taken for it, nor one word for a
+    surname when the question asks for something else (the controls)."""
+    texts = ["The study began with G. Stanley Hall's book of 1904.", "Hall was the first president of the society.",
+             'Nicholas Lofton "Nick" Hexum (born 1970) is an American singer.', "He leads The Nick Hexum Quintet."]
+    sources = ["a.md", "a.md", "b.md", "b.md"]
+    assert extractive._full_name("Hall", 1, texts, sources, True) == "G. Stanley Hall"
+    assert extractive._full_name("Hall", 1, texts, sources, False) == "Hall"
+    assert extractive._full_name("Nick Hexum", 3, texts, sources, False) == 'Nicholas Lofton "Nick" Hexum'
+    assert extractive._full_name("Ann Hexum", 3, texts, sources, False) == "Ann Hexum"  # no name holds its words
+    assert extractive._full_name("1904", 0, texts, sources, True) == "1904"  # a value is left as it is
+    answer = _offline_answer("Which singer is American, Ann Moss or Nick Hexum?",
+                             [(texts[2], "b.md"), ("Ann Moss: Ann Moss (born 1979) is a Welsh singer.", "moss.md")])
+    assert answer.short == 'Nicholas Lofton "Nick" Hexum'
+
+
+def test_a_question_that_asks_who_is_not_answered_with_a_quoted_title():
+    """The sentence that answers names the song (quoted) and its writer: "who" asks for the writer;
+    asked for the song, the title answers (the control)."""
+    sentences = [('"The Hukilau Song" is a song written by Jack Owens in 1948 after attending a luau in Laie.',
+                  "song.md"), ("Laie: Laie is a place on the island of Oahu.", "laie.md")]
+    assert _offline_answer("Who wrote a song after attending a luau in Laie?", sentences).short == "Jack Owens"
+    assert _offline_answer("What song was written after attending a luau in Laie?", sentences).short == \
+        "The Hukilau Song"

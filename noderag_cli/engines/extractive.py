@@ -16,6 +16,10 @@ holds the kind of thing asked for. Each context sentence is scored by:
 - whether it holds what the question's wh-word asks for (a date for "when", a number for "how
   many", a name not in the question for "who", "where", "which ...").
 
+A choice question ("Which band was formed first, A or B?") is answered by one of its two things
+(`choices`); a name the short answer gives in part is completed as the context writes it
+(`_full_name`).
+
 The best sentences up to `MAX_WORDS` words (at least one) are the answer, best first, each with
 its documents; a sentence from a passage already quoted gives way to the best one from another
 passage, since a chain's links lie in different passages (the first hop's passage names the bridge,
@@ -192,6 +196,15 @@ def _candidates(kind: str, text: str, head: str) -> list[tuple[int, int, str]]:
     return spans
 
 
+_ASKS_PERSON = re.compile(r"^\W*(?:\w+\s+)?(?:who|whom)\b|\b(?:who|whom)\W*$")
+
+
+def asks_person(question: str) -> bool:
+    """Whether a question asks who: opened by "who" (or "to whom"), or ending with it ("... created
+    by who?"); a "who" inside it opens a clause about something else."""
+    return bool(_ASKS_PERSON.search(question.casefold()))
+
+
 def _short_answer(question: str, kind: str, texts: list[str], names: list[set[str]], entity_level: dict[str, int],
                   score: np.ndarray, question_words: set[str]) -> tuple[str, int]:
     """(the value the question asks for, the sentence it is taken from). Each span of the asked kind
@@ -204,9 +217,12 @@ def _short_answer(question: str, kind: str, texts: list[str], names: list[set[st
     if kind == "any" and head:  # "which town", "what population": a name, or a quantity
         kind = "number" if head in MEASURES else "name"
     mentions = Counter(name for own in names for name in own)
+    person = asks_person(question)
     best, best_value = None, -np.inf
     for i, text in enumerate(texts):
         for start, end, surface in _candidates(kind, text, head):
+            if person and text[max(0, start - 1):start] in ('"', "\u201c"):
+                continue  # a quoted title names a work, not the person asked for
             surface = surface.strip(" ,.;:()\"'")
             span_words = set(_WORDS.findall(surface.casefold()))
             if not surface or not span_words or span_words <= question_words or len(surface.split()) > SHORT_WORDS:
@@ -223,6 +239,112 @@ def _short_answer(question: str, kind: str, texts: list[str], names: list[set[st
         return best
     top = int(np.argmax(score))
     return " ".join(texts[top].split()[:SHORT_WORDS]), top
+
+
+_YEAR = re.compile(r"\b(?:1\d|20)\d{2}\b")
+EARLIER = frozenset("first earlier earliest older oldest before sooner".split())
+LATER = frozenset("later latest younger youngest newer newest last".split())
+"""Words by which a choice question asks for the earlier or the later of its two things."""
+
+
+def choices(question: str) -> list[str]:
+    """The two things a choice question ends with ("Which band was formed first, The Exies or
+    Circus Diablo?", "... the forming of The Dandy Warhols or the birth of Robert Young?"), as the
+    question writes them; [] for another question."""
+    at = question.rfind(" or ")
+    if at < 0:
+        return []
+    spans = [span for span in nlp.find_entities(question) if not nlp.is_value(span[2])]
+    left = [span for span in spans if span[1] <= at and not question[span[1]:at].strip(" ,\"'")]
+    right = [span for span in spans if span[0] > at and not question[span[1]:].strip(" ?\"'")
+             and all(word.islower() or word == "The" for word in question[at + 4:span[0]].split())]
+    if not left or not right:
+        return []
+    found = []
+    for start, end, _ in (left[-1], right[0]):
+        if question[max(0, start - 4):start] == "The ":  # "The Exies": the article is part of the name
+            start -= 4
+        found.append(question[start:end])
+    return found
+
+
+def _choose(question: str, options: list[str], texts: list[str], names: list[set[str]],
+            score: np.ndarray) -> tuple[str, int]:
+    """(the option a choice question asks for, its best sentence). A question that asks which came
+    first or last ("formed first", "the oldest") compares where each began: the earliest year the
+    sentences about it give (a thing is founded, born or first published before the rest of what
+    is told of it). Another picks the option with a sentence that holds most of the question's
+    other words ("Which singer is American"), then the best scored."""
+    words = set(_WORDS.findall(question.casefold()))
+    order = -1 if words & EARLIER else 1 if words & LATER else 0
+    asked = _stems(question) - _stems(" ".join(options))  # what the question says of the one it asks for
+    best = []
+    for option in options:
+        key = _key(option.removeprefix("The "))
+        surname = key.split()[-1]
+        tiers = ([i for i, own in enumerate(names) if key in own or f"the {key}" in own],  # named as asked
+                 [i for i, own in enumerate(names) if any(f" {key} " in f" {name} " for name in own)],
+                 [i for i, own in enumerate(names) if any(name.split()[-1] == surname for name in own)])
+        about = next((tier for tier in tiers if tier), [])
+        years = next((years for tier in tiers if (years := [int(y) for i in tier for y in _YEAR.findall(texts[i])])),
+                     [])
+        holder = max(about, key=lambda i: (len(_stems(texts[i]) & asked), score[i]), default=None)
+        best.append((option, holder, min(years, default=None)))
+    if order and all(year is not None for _, _, year in best):
+        option, holder, _ = min(best, key=lambda each: -order * each[2])
+    else:
+        option, holder, _ = max(best, key=lambda each: (-1, 0.0) if each[1] is None else
+                                (len(_stems(texts[each[1]]) & asked), score[each[1]]))
+    return option, int(np.argmax(score)) if holder is None else holder
+
+
+_NAME_WORD = r"(?:[A-Z\u00c0-\u00de][\w'\u2019\-]*\.?|\"[^\"]{1,30}\"|\u201c[^\u201d]{1,30}\u201d)"
+_NAME_RUN = re.compile(rf"{_NAME_WORD}(?: (?:(?:von|van|de|der|da|di|del|du|la|le) )?{_NAME_WORD})*"
+                       r"(?:,? (?:Jr|Sr)\.|(?: (?:II|III|IV)\b))?")
+
+
+def _name_runs(text: str):
+    """The runs of capitalised words, initials and quoted nicknames in a sentence, split at a
+    possessive ("Frank Capra's"), without a function word that opens the sentence ("In", "The"),
+    a full stop that ends it, or the quotes around a whole title."""
+    for run in _NAME_RUN.finditer(text):
+        opens = run.start() == 0 or text[:run.start()].rstrip().endswith(":")
+        for part in re.split(r"['\u2019]s\b ?", run.group(0)):
+            first, _, rest = part.partition(" ")
+            if opens and first.casefold() in nlp.STOPWORDS:
+                part = rest
+            opens = False
+            if part.endswith(".") and not re.search(r"(?:\b[A-Z]|Jr|Sr)\.$", part):
+                part = part[:-1]
+            if len(part) > 2 and part[0] in "\"\u201c" and part[-1] in "\"\u201d" and part.count("\"") <= 2:
+                part = part[1:-1]
+            if part.strip():
+                yield part.strip()
+
+
+def _full_name(short: str, holder: int, texts: list[str], sources: list[str], person: bool) -> str:
+    """The fullest way the context writes a name the short answer gives in part: a surname
+    ("Hall" -> "G. Stanley Hall"), a name without its nickname, middle name or suffix ("Nick
+    Hexum" -> 'Nicholas Lofton "Nick" Hexum', "Waylon Smithers" -> "Waylon J. Smithers Jr.").
+    Looked for in the sentence it was taken from, then in its passage, then in the context. The
+    longer name ends as the short one does: a name that goes on past it ("The Nick Hexum Quintet")
+    is another thing. One word is taken for a surname only when the question asks who ("Manila"
+    is not short for "Metro Manila")."""
+    words = _WORDS.findall(short.casefold())
+    if not words or nlp.is_value(short) or (len(words) == 1 and not person):
+        return short
+    holds = re.compile(r"\b" + r"\b.*\b".join(re.escape(word) for word in words) + r"\b")
+    ends = re.compile(rf"\b{re.escape(words[-1])}\W*(?:(?:jr|sr|ii|iii|iv)\W*)?$")
+
+    def completes(run: str) -> bool:
+        folded = run.casefold()
+        return len(_WORDS.findall(folded)) > len(words) and bool(holds.search(folded)) and bool(ends.search(folded))
+
+    for tier in ([holder], [i for i in range(len(texts)) if sources[i] == sources[holder]], range(len(texts))):
+        runs = [run for i in tier for run in _name_runs(texts[i]) if len(run.split()) <= SHORT_WORDS and completes(run)]
+        if runs:
+            return max(runs, key=lambda run: (len(run.split()), run))
+    return short
 
 
 def _pick(ranked: list[int], texts: list[str], sources: list[str], picked: list[int], words: int) -> list[int]:
@@ -299,9 +421,17 @@ def answer_parts(question: str, context: str, embed) -> Answer:
              + LEVEL_WEIGHT * levels)
     ranked = np.argsort(-score, kind="stable").tolist()
     sources = [source for _, source, _ in found]
+    options = choices(question)
+    if options:
+        short, best = _choose(question, options, texts, names, score)
+        short = _full_name(short, best, texts, sources, True)
+        picked = _pick(ranked, texts, sources, [best], MAX_WORDS - len(short.split()) - HEADER_WORDS)
+        return Answer(short, [(texts[i], found[i][1]) for i in picked])
     picked = _pick(ranked, texts, sources, [], MAX_WORDS)
     short, holder = _short_answer(question, kind, [texts[i] for i in picked], [names[i] for i in picked], entity_level,
                                   score[picked], question_words)
+    if kind not in ("date", "number"):
+        short = _full_name(short, picked[holder], texts, sources, asks_person(question))
     # again from the sentence the short answer is taken from, in what the answer's first words leave
     picked = _pick(ranked, texts, sources, [picked[holder]], MAX_WORDS - len(short.split()) - HEADER_WORDS)
     return Answer(short, [(texts[i], found[i][1]) for i in picked])
