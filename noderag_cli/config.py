@@ -196,12 +196,16 @@ class SearchConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    """Where the per-document and per-chunk work runs (noderag_cli/executor.py). It never changes a
-    table, so it is in no stage's fingerprint."""
+    """Where the per-document and per-chunk work runs (noderag_cli/executor.py), and how much memory
+    the graph-wide stages' largest arrays may take. It never changes a table, so it is in no
+    stage's fingerprint."""
 
     kind: Literal["local", "ray"] = "local"
     workers: int = Field(0, ge=0, description="local: worker processes; 0 = one per core")
     address: str | None = Field(None, description="ray: the cluster to join (ray://host:10001, host:6379 or auto)")
+    memory_mb: float = Field(0, ge=0, description="megabytes of its largest arrays a graph-wide stage keeps in memory; "
+                             "past it they are memory-mapped files under the workspace, which the kernel writes out "
+                             "instead of swapping (the same tables; noderag_cli/spill.py). 0: no limit")
 
     @model_validator(mode="before")
     @classmethod

@@ -34,11 +34,11 @@ BLOCK = 2048  # rows scored against the centroids at a time
 BUCKET = 256  # vectors per cluster, on average
 
 
-def quantised(vectors: np.ndarray) -> np.ndarray:
-    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32). Made a block of
-    rows at a time: the only full-size array is the result, whatever the input's precision (a
-    build's mapped half-precision vectors are widened block by block)."""
-    out = np.empty(vectors.shape, np.float32)
+def quantised(vectors: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32), into `out` if
+    given. Made a block of rows at a time: the only full-size array is the result, whatever the
+    input's precision (a build's mapped half-precision vectors are widened block by block)."""
+    out = np.empty(vectors.shape, np.float32) if out is None else out
     for start in range(0, len(vectors), BLOCK):
         block = np.asarray(vectors[start : start + BLOCK], np.float32) * np.float32(QUANT)
         np.rint(block, out=out[start : start + BLOCK])

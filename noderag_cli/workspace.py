@@ -122,6 +122,12 @@ class Workspace:
         return self.root / "stages"
 
     @property
+    def spill_dir(self) -> Path:
+        """Where a stage's arrays go past its memory budget (spill.py): emptied by each stage that
+        spills, and at its end."""
+        return self.stages_dir / ".spill"
+
+    @property
     def log_path(self) -> Path:
         return self.root / LOG_FILE
 

@@ -502,3 +502,38 @@ def test_a_kill_inside_a_graph_wide_stage_resumes_to_the_same_build(point, passa
     assert_same_tables(workspace, passages_build)
     contents = [json.loads(build_file(w, "manifest.json").read_text())["contents"] for w in (workspace, passages_build)]
     assert contents[0] == contents[1]
+
+
+def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_tables(tmp_path, clustered_build,
+                                                                                     clustered_config):
+    """`executor.memory_mb` far below the clustered similarity search's arrays: they go to memory-mapped
+    files under the workspace (the stage says how much), the build's every file is the in-memory
+    build's, and no spill file is left behind. The same arrays from the function itself, spilled or not."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CLUSTERED + "executor: {memory_mb: 0.001}\n")
+    workspace = tmp_path / "ws"
+    run = index(workspace, SAMPLE_CORPUS, "--config", config).json()
+    assert run["stages"]["similarity"]["spilled_mb"] > 0
+    assert "spilled_mb" not in index(tmp_path / "unspilled", SAMPLE_CORPUS, "--config", clustered_config).json()[
+        "stages"]["similarity"]  # the control: no budget, nothing spilled
+    assert_same_tables(workspace, clustered_build)
+    contents = [json.loads(build_file(w, "manifest.json").read_text())["contents"] for w in (workspace, clustered_build)]
+    assert contents[0] == contents[1]
+    assert not (workspace / "stages" / ".spill").exists()
+    again = index(workspace, SAMPLE_CORPUS, "--config", clustered_config).json()["stages"]
+    assert all(stage["skipped"] for stage in again.values())  # the budget is in no stage's fingerprint
+
+    from noderag_cli.spill import Spill
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((2000, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = np.asarray([f"S_{i:04d}:x" for i in range(len(vectors))], dtype=object)
+    spill = Spill(tmp_path / ".spill", 0.01)
+    spilled = se.clustered_lists(keys, vectors, 8, seed=1, probes=3, assign=2, spill=spill)
+    held = se.clustered_lists(keys, vectors, 8, seed=1, probes=3, assign=2)
+    assert isinstance(spilled.candidates, np.memmap) and spill.spilled > 0
+    assert np.array_equal(spilled.candidates, held.candidates) and np.array_equal(spilled.kept, held.kept)
+    assert list((tmp_path / ".spill").iterdir()) == []  # mapped, already unlinked
+    spill.close()
+    assert not (tmp_path / ".spill").exists()

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from ..executor import trim_heap
 from ..graph import distinct
 from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
+from ..spill import Spill
 
 VERSION = 4  # of the neighbour lists' definition or file: stored lists of another version are not reused
 ROW_BLOCK = 1024  # rows pruned at a time
@@ -228,11 +229,12 @@ class _Lists:
     before: np.ndarray  # the first k of each reused row as taken in
 
     @classmethod
-    def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None) -> _Lists:
+    def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None, spill: Spill | None = None) -> _Lists:
         n = len(ids)
-        candidates = np.full((n, width), -1, np.int64)
-        scores = np.full((n, width), -np.inf, np.float32)
-        kept = np.zeros((n, width), bool)
+        spill = spill or Spill.none()
+        candidates = spill.full((n, width), -1, np.int64)
+        scores = spill.full((n, width), -np.inf, np.float32)
+        kept = spill.full((n, width), False, bool)
         reused = is_new = np.zeros(n, bool)
         lost_at = np.full(n, k, np.int64)
         if previous is not None and previous.num_rows and n > k:
@@ -319,7 +321,7 @@ def _chain(centroids: np.ndarray) -> np.ndarray:
 
 def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, probes: int, assign: int,
                     centroids: np.ndarray | None = None, previous: pa.Table | None = None,
-                    progress: Callable[[int], None] | None = None) -> Neighbours:
+                    progress: Callable[[int], None] | None = None, spill: Spill | None = None) -> Neighbours:
     """Pruned neighbour lists like `neighbour_lists`, each row's candidates drawn from an order-free
     clustered index (`ivf.Clusters`): the rows that belong to one of its `probes` nearest clusters
     (each row belongs to its `assign` nearest), scored exactly on the grid.
@@ -329,18 +331,21 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     them, and `previous` (`to_table` of the last run against the same centroids) is maintained as
     `neighbour_lists` maintains the exact lists: rows that keep at least k candidates are reused,
     the new rows of the clusters each of them probes merged in (`_newcomers`); the rest searched.
-    `progress(n)`: n more rows have their candidates (the reused ones at once)."""
+    `progress(n)`: n more rows have their candidates (the reused ones at once). `spill`: where the
+    stage's full-size arrays (the grid, its copy by cluster, the lists) go past its memory budget."""
     width = k + SLACK
-    grid = quantised(vectors)
+    spill = spill or Spill.none()
+    grid = quantised(vectors, spill.empty(vectors.shape, np.float32))
+    spill.trim()
     if centroids is None:
         clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
     else:
         clusters = Clusters(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
-    lists = _Lists.start(keys, k, width, previous)
+    lists = _Lists.start(keys, k, width, previous, spill)
     search = np.flatnonzero(~lists.reused)
     if progress:
         progress(len(keys) - len(search))
-    _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores, progress)
+    _clustered_search(grid, clusters, search, width, probes, lists.candidates, lists.scores, progress, spill)
     old, new = np.flatnonzero(lists.reused), np.flatnonzero(lists.is_new)
     if len(old) and len(new):
         last_score, last_col = lists.last(grid)
@@ -349,8 +354,8 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
 
 
 def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int, probes: int,
-                      candidates: np.ndarray, scores: np.ndarray, progress: Callable[[int], None] | None = None
-                      ) -> None:
+                      candidates: np.ndarray, scores: np.ndarray, progress: Callable[[int], None] | None = None,
+                      spill: Spill | None = None) -> None:
     """The `width` best candidates (and scores) of each of `rows` among the members of its probed
     clusters, written into those rows of `candidates` and `scores` (all rows' lists) by the block
     that found them: a second full-size pair of arrays, and the blocks' results held until all are
@@ -364,10 +369,12 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
     Only scores that reach a row's width-th best so far are kept: the best of the nearest clusters
     bound what the farther ones can bring."""
     n = len(grid)
+    spill = spill or Spill.none()
     indptr, members = clusters.members()
-    laid_out = np.empty((len(members), grid.shape[1]), np.int16)  # each cluster's members, contiguous: on
+    laid_out = spill.empty((len(members), grid.shape[1]), np.int16)  # each cluster's members, contiguous: on
     for start in range(0, len(members), BLOCK):  # the grid they are whole numbers of at most 2048, exact in int16
         laid_out[start : start + BLOCK] = grid[members[start : start + BLOCK]]
+    spill.trim()
     probed = clusters.probes[:, :probes]
     by_home = rows[np.lexsort((rows, _chain(clusters.centroids)[probed[rows, 0]]))]
     blocks = [by_home[i : i + CLUSTER_BLOCK] for i in range(0, len(rows), CLUSTER_BLOCK)]
@@ -408,6 +415,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
 
     def done(rows: np.ndarray) -> None:
         trim_heap()
+        spill.trim()
         if progress:
             progress(len(rows))
 

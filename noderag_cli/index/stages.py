@@ -37,6 +37,7 @@ from ..files import atomic_write_with, file_digest, write_parquet
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, merge_edges
 from ..search import prepare
+from ..spill import Spill
 from ..workspace import EDGES, NODES, Workspace
 from . import anchor, assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 from .outputs import (
@@ -102,6 +103,10 @@ class StageRun:
     recorded: dict = field(default_factory=dict)  # the checksums of its outputs the last committed run recorded
     rebuild: bool = False  # `index --rebuild`: summaries and communities built in full, a new anchor
     anchor_from: Workspace | None = None  # whose published build is the anchor (default: ws; the estimate's is another)
+
+    def spill(self) -> Spill:
+        """Where this stage's largest arrays go past the memory budget (`executor.memory_mb`)."""
+        return Spill(self.ws.spill_dir, self.config.executor.memory_mb)
 
     def load_anchor(self) -> tuple[anchor.Anchor | None, str]:
         """The anchor an anchored stage keeps its work against, or None and why it builds in full
@@ -356,10 +361,14 @@ def _similarity(run: StageRun) -> dict:
         signature |= {"probes": settings.probes, "seed": run.config.graph.seed}
         earlier = run.trusted(NEIGHBOURS.file) if centroids is not None else None
         previous = _previous_neighbours(earlier, _clustered(signature, centroids)) if earlier else None
+        spill = run.spill()
         neighbours = similarity_edges.clustered_lists(keys, vectors, settings.neighbours, run.config.graph.seed,
                                                       settings.probes, similarity_edges.ASSIGN, centroids, previous,
-                                                      run.reporter.advance)
+                                                      run.reporter.advance, spill)
         signature = _clustered(signature, neighbours.centroids)
+        spill.close()
+        if spill.spilled:
+            info["spilled_mb"] = spill.spilled_mb
     pairs = similarity_edges.pairs(neighbours)
     id_array = np.asarray(ids, dtype=object)
     edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),

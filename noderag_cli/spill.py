@@ -1,0 +1,80 @@
+"""Arrays a graph-wide stage may hold in memory up to a budget (`executor.memory_mb`); past it,
+arrays in memory-mapped files under the workspace (`Workspace.spill_dir`), spilled rather than
+swapped.
+
+A spilled array is a shared mapping of a file: what the stage writes into it goes to the page
+cache, which the kernel writes out and frees when memory runs short, and `trim` unmaps its pages
+from the process between two blocks of work, so the process holds only what the current block
+touches. The arrays hold the same values either way: a stage's tables do not depend on the
+budget. Files are removed when the stage ends (`close`), and a killed run's at the next `Spill`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+MB = 1_000_000
+
+
+class Spill:
+    def __init__(self, folder: Path | None, budget_mb: float):
+        """`budget_mb`: megabytes of arrays this spill keeps in memory (0: no limit, nothing
+        spilled); past it, arrays are files in `folder`."""
+        self.folder = Path(folder) if folder is not None else None
+        self.budget = int(budget_mb * MB) if folder is not None else 0
+        self.held = 0  # bytes of the arrays made in memory
+        self.spilled = 0  # bytes of the arrays made in files
+        self._maps: list[np.memmap] = []
+        if self.folder is not None:  # a killed run's: the caller holds the workspace lock
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    @classmethod
+    def none(cls) -> Spill:
+        """No budget: every array in memory (a function called without a stage's spill)."""
+        return cls(None, 0)
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialised array, in memory while the budget allows it, else in a file."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape)) * dtype.itemsize
+        if not self.budget or self.held + size <= self.budget or size == 0:
+            self.held += size
+            return np.empty(shape, dtype)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{os.getpid()}-{len(self._maps)}"
+        array = np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+        path.unlink()  # the mapping keeps the file's blocks: nothing is left behind, however the run ends
+        self._maps.append(array)
+        self.spilled += size
+        return array
+
+    def full(self, shape: tuple[int, ...], value, dtype) -> np.ndarray:
+        """An array of `value`, its pages let go once written when it is spilled."""
+        array = self.empty(shape, dtype)
+        array[...] = value
+        self.trim()
+        return array
+
+    def trim(self) -> None:
+        """Unmap the spilled arrays' pages from this process: they stay in the page cache (and the
+        file), to be read back when touched again."""
+        for array in self._maps:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                array._mmap.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        """Forget the spilled arrays (their files go with the last reference to them)."""
+        self._maps.clear()
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)
+
+    @property
+    def spilled_mb(self) -> float:
+        return round(self.spilled / MB, 1)
