@@ -49,6 +49,7 @@ ROW_BLOCK = 1024  # rows pruned at a time
 SEARCH_BLOCK = 512  # rows scored against every row at a time
 PRUNE_BLOCK = 128  # rows per gathered (rows, k, dim) block
 CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against their probed clusters at a time
+TRIM_CLUSTERS = 64  # clusters scored between two releases of the spilled arrays' pages (spill.py)
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
                                ("kept", pa.list_(pa.bool_()))])
@@ -390,10 +391,18 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
         edges = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1], True]) if len(cluster) else np.zeros(1, int)
         return [(int(cluster[a]), local[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
+    def visited(ranked: np.ndarray):
+        """`by_cluster`, letting the spilled arrays' pages go every `TRIM_CLUSTERS` clusters: a
+        block's rows probe many clusters, and the pages it read stay mapped until let go."""
+        for count, found in enumerate(by_cluster(ranked), 1):
+            if count % TRIM_CLUSTERS == 0:
+                spill.trim()
+            yield found
+
     def block(rows: np.ndarray):
         vectors_of_rows = grid[rows]
         parts = []
-        for w, who in by_cluster(probed[rows, :1]):  # each row's first list: the best of its home cluster
+        for w, who in visited(probed[rows, :1]):  # each row's first list: the best of its home cluster
             start, stop = indptr[w], indptr[w + 1]
             found, found_scores = top_k((vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale,
                                         rows[who], width,
@@ -405,7 +414,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
             r, c = np.nonzero(listed >= 0)
             parts = [(r, listed[r, c], listed_scores[r, c])]
             bound = listed_scores[:, -1]  # scores below it cannot enter a list any more
-            for w, who in by_cluster(probed[rows, lo:hi]):
+            for w, who in visited(probed[rows, lo:hi]):
                 start, stop = indptr[w], indptr[w + 1]
                 found_scores = (vectors_of_rows[who] @ laid_out[start:stop].T.astype(np.float32)) * scale
                 r, c = np.nonzero(found_scores >= bound[who, None])
