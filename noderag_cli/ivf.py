@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -173,12 +173,16 @@ def on_stored_grid(vectors: np.ndarray) -> np.ndarray:
     return np.asarray(vectors, np.float32).astype(STORED_DTYPE).astype(np.float32)
 
 
-def flat_index(vectors: np.ndarray) -> faiss.Index:
+def flat_index(vectors: np.ndarray | Iterable[np.ndarray], dim: int | None = None) -> faiss.Index:
     """The vector index a build holds: inner product over the L2-normalised rows, each stored in
-    half precision (`on_stored_grid`)."""
-    index = faiss.IndexScalarQuantizer(vectors.shape[1], faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
-    if len(vectors):
-        index.add(np.ascontiguousarray(on_stored_grid(vectors)))
+    half precision (`on_stored_grid`). `vectors`: the rows, or blocks of them (then `dim`), added
+    a block at a time: the index's half-precision codes are the one copy of them all."""
+    blocks = [vectors] if isinstance(vectors, np.ndarray) else vectors
+    dim = vectors.shape[1] if isinstance(vectors, np.ndarray) else dim
+    index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+    for block in blocks:
+        if len(block):
+            index.add(np.ascontiguousarray(on_stored_grid(block)))
     return index
 
 

@@ -92,6 +92,9 @@ def test_stored_vectors_are_half_precision_and_read_back_exactly(tmp_path):
     mapped = ivf.stored_vectors(faiss.read_index(str(tmp_path / "v.faiss"), faiss.IO_FLAG_MMAP_IFC))
     gc.collect()
     assert mapped.dtype == np.float16 and np.array_equal(mapped.astype(np.float32), rows)
+    # the embed stage adds them a block at a time: the same file as from all the rows at once
+    faiss.write_index(ivf.flat_index((rows[i : i + 64] for i in range(0, 300, 64)), 16), str(tmp_path / "b.faiss"))
+    assert (tmp_path / "b.faiss").read_bytes() == (tmp_path / "v.faiss").read_bytes()
 
 
 def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_build, clustered_config):

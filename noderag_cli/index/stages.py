@@ -333,11 +333,9 @@ def _text(run: StageRun) -> dict:
 def _embed(run: StageRun) -> dict:
     nodes = run.nodes(*NODE_OUTPUTS)
     run.reporter.stage_started(run.stage.name, None)
-    ids, vectors = embed.run(nodes, run.embedder)
-    run.embedder.forget()  # every vector is in `vectors` now; the stages after read them from its file
+    ids, index = embed.run(nodes, run.embedder)
+    run.embedder.forget()  # every vector is in the index now; the stages after read them from its file
     run.write(VECTOR_IDS.file, pa.table({"id": pa.array(ids, pa.string())}))
-    index = ivf.flat_index(vectors)
-    del vectors
     atomic_write_with(run.path(VECTORS.file), lambda name: faiss.write_index(index, name))
     return {"vectors": len(ids), "dim": index.d}
 
