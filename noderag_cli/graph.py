@@ -119,7 +119,7 @@ def edge_rows(source, target, kind, hnsw: bool = False) -> pa.Table:
     """One row of weight 1 per connection, before `merge_edges` orders the pairs and sums repeats:
     `kind` is one kind for all rows or an array of them."""
     n = len(source)
-    kinds = pa.array([kind] * n, pa.string()) if isinstance(kind, str) else kind
+    kinds = pa.repeat(pa.scalar(kind, pa.string()), n) if isinstance(kind, str) else kind
     return pa.table({"source": source, "target": target, "kind": kinds, "weight": pa.array(np.ones(n, np.float32)),
                      "hnsw": pa.array(np.full(n, hnsw))}).cast(EDGE_SCHEMA)
 

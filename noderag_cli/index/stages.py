@@ -341,7 +341,8 @@ def _embed(run: StageRun) -> dict:
 
 
 def _similarity(run: StageRun) -> dict:
-    ids = run.read(VECTOR_IDS)["id"].to_pylist()
+    id_column = run.read(VECTOR_IDS)["id"].combine_chunks()
+    ids = id_column.to_pylist()
     run.reporter.stage_started(run.stage.name, len(ids))  # counted in rows whose candidates are found
     vectors = ivf.read_stored(run.input_path(VECTORS))  # mapped: only the quantised copy is held whole
     settings = run.config.similarity
@@ -368,9 +369,7 @@ def _similarity(run: StageRun) -> dict:
         if spill.spilled:
             info["spilled_mb"] = spill.spilled_mb
     pairs = similarity_edges.pairs(neighbours)
-    id_array = np.asarray(ids, dtype=object)
-    edges = edge_rows(pa.array(id_array[pairs[:, 0]].tolist(), pa.string()),
-                      pa.array(id_array[pairs[:, 1]].tolist(), pa.string()), "similarity", hnsw=True)
+    edges = edge_rows(id_column.take(pairs[:, 0]), id_column.take(pairs[:, 1]), "similarity", hnsw=True)
     run.write(EDGES, edges)
     table = similarity_edges.to_table(keys, neighbours)
     run.write(NEIGHBOURS.file, table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
