@@ -48,7 +48,9 @@ class Spill:
             return np.empty(shape, dtype)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{os.getpid()}-{len(self._maps)}"
-        array = np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+        with open(path, "wb") as handle:  # its blocks taken now: a full disk is an error here (ENOSPC, which
+            os.posix_fallocate(handle.fileno(), 0, size)  # `index` reports), not a crash when a page is written
+        array = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
         path.unlink()  # the mapping keeps the file's blocks: nothing is left behind, however the run ends
         self._maps.append(array)
         self.spilled += size

@@ -540,3 +540,28 @@ def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_t
     assert list((tmp_path / ".spill").iterdir()) == []  # mapped, already unlinked
     spill.close()
     assert not (tmp_path / ".spill").exists()
+
+
+def test_spilling_onto_a_full_disk_is_an_error_not_a_crash(tmp_path):
+    """A spilled array takes its file's blocks when it is made: no room is an OSError (ENOSPC),
+    which `index` reports in one line, never a SIGBUS when a page is first written."""
+    import errno
+    import os
+    import subprocess
+
+    from noderag_cli.spill import Spill
+
+    target = tmp_path / "small"
+    target.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        spill = Spill(target / ".spill", 0.001)
+        assert spill.empty((100_000,), np.uint8).sum() == 0  # fits: made, and readable
+        with pytest.raises(OSError) as raised:
+            spill.empty((8_000_000,), np.float32)
+        assert raised.value.errno == errno.ENOSPC
+        spill.close()
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
