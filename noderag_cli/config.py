@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -203,9 +203,17 @@ class ExecutorConfig(_Section):
     kind: Literal["local", "ray"] = "local"
     workers: int = Field(0, ge=0, description="local: worker processes; 0 = one per core")
     address: str | None = Field(None, description="ray: the cluster to join (ray://host:10001, host:6379 or auto)")
-    memory_mb: float = Field(0, ge=0, description="megabytes of its largest arrays a graph-wide stage keeps in memory; "
-                             "past it they are memory-mapped files under the workspace, which the kernel writes out "
-                             "instead of swapping (the same tables; noderag_cli/spill.py). 0: no limit")
+    memory_mb: Literal["auto"] | float = Field(
+        "auto", description="megabytes of its largest arrays a graph-wide stage keeps in memory; past it they are "
+        "memory-mapped files under the workspace, which the kernel writes out instead of swapping (the same tables; "
+        "noderag_cli/spill.py). auto: a quarter of this machine's memory; 0: no limit")
+
+    @field_validator("memory_mb", mode="before")
+    @classmethod
+    def _auto_or_megabytes(cls, value):
+        if value == "auto" or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError("must be auto, 0 (no limit) or a number of megabytes")
 
     @model_validator(mode="before")
     @classmethod

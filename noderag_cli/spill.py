@@ -20,12 +20,22 @@ from pathlib import Path
 import numpy as np
 
 MB = 1_000_000
+AUTO_SHARE = 0.25  # of the machine's memory: the budget of `executor.memory_mb: auto`
+
+
+def budget_mb(setting: str | float) -> float:
+    """The budget a setting of `executor.memory_mb` gives: "auto", a quarter of this machine's
+    physical memory (enough that nothing spills below some hundreds of thousands of passages on
+    a laptop); else the number (0: no limit)."""
+    if setting != "auto":
+        return float(setting)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * AUTO_SHARE / MB
 
 
 class Spill:
     def __init__(self, folder: Path | None, budget_mb: float):
         """`budget_mb`: megabytes of arrays this spill keeps in memory (0: no limit, nothing
-        spilled); past it, arrays are files in `folder`."""
+        spilled; `budget_mb` reads the setting); past it, arrays are files in `folder`."""
         self.folder = Path(folder) if folder is not None else None
         self.budget = int(budget_mb * MB) if folder is not None else 0
         self.held = 0  # bytes of the arrays made in memory

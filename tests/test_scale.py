@@ -542,6 +542,22 @@ def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_t
     assert not (tmp_path / ".spill").exists()
 
 
+def test_the_memory_budget_is_a_quarter_of_the_machine_unless_set():
+    """`executor.memory_mb: auto` (the default) gives a quarter of the physical memory; a number is
+    taken as it is, 0 for no limit; anything else is refused in one line."""
+    import os
+
+    from noderag_cli.config import Config, ConfigError, changed
+    from noderag_cli.spill import budget_mb
+
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e6
+    assert Config().executor.memory_mb == "auto" and budget_mb("auto") == pytest.approx(physical / 4)
+    assert budget_mb(0) == 0 and budget_mb(256) == 256
+    for bad in (-5, "lots", True):
+        with pytest.raises(ConfigError, match="must be auto, 0"):
+            changed(Config().executor, memory_mb=bad)
+
+
 def test_spilling_onto_a_full_disk_is_an_error_not_a_crash(tmp_path):
     """A spilled array takes its file's blocks when it is made: no room is an OSError (ENOSPC),
     which `index` reports in one line, never a SIGBUS when a page is first written."""

@@ -37,7 +37,7 @@ from ..files import atomic_write_with, file_digest, write_parquet
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, merge_edges
 from ..search import prepare
-from ..spill import Spill
+from ..spill import Spill, budget_mb
 from ..workspace import EDGES, NODES, Workspace
 from . import anchor, assemble, attributes, chunk, communities, decompose, embed, similarity_edges, text
 from .outputs import (
@@ -106,7 +106,7 @@ class StageRun:
 
     def spill(self) -> Spill:
         """Where this stage's largest arrays go past the memory budget (`executor.memory_mb`)."""
-        return Spill(self.ws.spill_dir, self.config.executor.memory_mb)
+        return Spill(self.ws.spill_dir, budget_mb(self.config.executor.memory_mb))
 
     def load_anchor(self) -> tuple[anchor.Anchor | None, str]:
         """The anchor an anchored stage keeps its work against, or None and why it builds in full
