@@ -6,7 +6,8 @@ A spilled array is a shared mapping of a file: what the stage writes into it goe
 cache, which the kernel writes out and frees when memory runs short, and `trim` unmaps its pages
 from the process between two blocks of work, so the process holds only what the current block
 touches. The arrays hold the same values either way: a stage's tables do not depend on the
-budget. Files are removed when the stage ends (`close`), and a killed run's at the next `Spill`.
+budget. A file is unlinked as soon as it is mapped, so none is left behind however the run ends;
+the folder goes at `close` (or, after a kill, at the next stage's `Spill`).
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ class Spill:
             return np.empty(shape, dtype)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{os.getpid()}-{len(self._maps)}"
-        with open(path, "wb") as handle:  # its blocks taken now: a full disk is an error here (ENOSPC, which
-            os.posix_fallocate(handle.fileno(), 0, size)  # `index` reports), not a crash when a page is written
-        array = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
-        path.unlink()  # the mapping keeps the file's blocks: nothing is left behind, however the run ends
+        try:
+            with open(path, "wb") as handle:  # its blocks taken now: a full disk is an error here (ENOSPC,
+                os.posix_fallocate(handle.fileno(), 0, size)  # which `index` reports), not a crash on a write
+            array = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+        finally:
+            path.unlink()  # the mapping keeps the file's blocks
         self._maps.append(array)
         self.spilled += size
         return array

@@ -578,6 +578,7 @@ def test_spilling_onto_a_full_disk_is_an_error_not_a_crash(tmp_path):
         with pytest.raises(OSError) as raised:
             spill.empty((8_000_000,), np.float32)
         assert raised.value.errno == errno.ENOSPC
+        assert list((target / ".spill").iterdir()) == []  # not even the file it could not fill
         spill.close()
     finally:
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
