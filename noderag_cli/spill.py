@@ -16,6 +16,7 @@ import contextlib
 import mmap
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,18 @@ def budget_mb(setting: str | float) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * AUTO_SHARE / MB
 
 
+def _remove(path: Path) -> None:
+    """A folder and what it holds, or anything else of that name (a file, a link, a FIFO), unfollowed."""
+    try:
+        folder = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if folder:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink()
+
+
 class Spill:
     def __init__(self, folder: Path | None, budget_mb: float):
         """`budget_mb`: megabytes of arrays this spill keeps in memory (0: no limit, nothing
@@ -42,8 +55,8 @@ class Spill:
         self.held = 0  # bytes of the arrays made in memory
         self.spilled = 0  # bytes of the arrays made in files
         self._maps: list[np.memmap] = []
-        if self.folder is not None:  # a killed run's: the caller holds the workspace lock
-            shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:  # a killed run's (the caller holds the workspace lock), or whatever
+            _remove(self.folder)  # else holds the name: a link is removed, never followed
 
     @classmethod
     def none(cls) -> Spill:
@@ -59,11 +72,12 @@ class Spill:
             return np.empty(shape, dtype)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{os.getpid()}-{len(self._maps)}"
-        try:
-            with open(path, "wb") as handle:  # its blocks taken now: a full disk is an error here (ENOSPC,
-                os.posix_fallocate(handle.fileno(), 0, size)  # which `index` reports), not a crash on a write
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:  # its blocks taken now: a full disk is an error here (ENOSPC, which `index` reports), not a
+            os.posix_fallocate(handle, 0, size)  # crash when a page is first written
             array = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
         finally:
+            os.close(handle)
             path.unlink()  # the mapping keeps the file's blocks
         self._maps.append(array)
         self.spilled += size

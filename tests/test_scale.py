@@ -558,6 +558,29 @@ def test_the_memory_budget_is_a_quarter_of_the_machine_unless_set():
             changed(Config().executor, memory_mb=bad)
 
 
+def test_what_holds_the_spill_folders_name_is_removed_never_followed(tmp_path):
+    """A symlink (to a folder outside), a FIFO or a file where the spill folder goes: the name is
+    taken back, nothing is written through the link or into the FIFO, and the arrays spill."""
+    import os
+
+    from noderag_cli.spill import Spill
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    for make in (lambda p: p.symlink_to(outside), os.mkfifo, lambda p: p.write_text("x")):
+        folder = tmp_path / "stages" / ".spill"
+        folder.parent.mkdir(exist_ok=True)
+        make(folder)
+        spill = Spill(folder, 0.001)
+        array = spill.full((50_000,), 7, np.int32)
+        assert isinstance(array, np.memmap) and int(array.sum()) == 350_000
+        assert folder.is_dir() and not folder.is_symlink()
+        spill.close()
+        assert not folder.exists()
+    assert [p.name for p in outside.iterdir()] == ["keep.txt"] and (outside / "keep.txt").read_text() == "mine"
+
+
 def test_spilling_onto_a_full_disk_is_an_error_not_a_crash(tmp_path):
     """A spilled array takes its file's blocks when it is made: no room is an OSError (ENOSPC),
     which `index` reports in one line, never a SIGBUS when a page is first written."""
