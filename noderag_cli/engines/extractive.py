@@ -206,7 +206,7 @@ def asks_person(question: str) -> bool:
 
 
 def _short_answer(question: str, kind: str, texts: list[str], names: list[set[str]], entity_level: dict[str, int],
-                  score: np.ndarray, question_words: set[str]) -> tuple[str, int]:
+                  score: np.ndarray, question_words: set[str], person: bool) -> tuple[str, int]:
     """(the value the question asks for, the sentence it is taken from). Each span of the asked kind
     that the question does not itself name scores its sentence's score, and more where it stands
     beside the question's head noun or holds it ("Avery County" for "what county"), where the chain
@@ -217,7 +217,6 @@ def _short_answer(question: str, kind: str, texts: list[str], names: list[set[st
     if kind == "any" and head:  # "which town", "what population": a name, or a quantity
         kind = "number" if head in MEASURES else "name"
     mentions = Counter(name for own in names for name in own)
-    person = asks_person(question)
     best, best_value = None, -np.inf
     for i, text in enumerate(texts):
         for start, end, surface in _candidates(kind, text, head):
@@ -289,12 +288,12 @@ def _choose(question: str, options: list[str], texts: list[str], names: list[set
         years = next((years for tier in tiers if (years := [int(y) for i in tier for y in _YEAR.findall(texts[i])])),
                      [])
         holder = max(about, key=lambda i: (len(_stems(texts[i]) & asked), score[i]), default=None)
-        best.append((option, holder, min(years, default=None)))
-    if order and all(year is not None for _, _, year in best):
-        option, holder, _ = min(best, key=lambda each: -order * each[2])
+        rank = (-1, 0.0) if holder is None else (len(_stems(texts[holder]) & asked), score[holder])
+        best.append((option, holder, min(years, default=None), rank))
+    if order and all(year is not None for _, _, year, _ in best):
+        option, holder, _, _ = min(best, key=lambda each: -order * each[2])
     else:
-        option, holder, _ = max(best, key=lambda each: (-1, 0.0) if each[1] is None else
-                                (len(_stems(texts[each[1]]) & asked), score[each[1]]))
+        option, holder, _, _ = max(best, key=lambda each: each[3])
     return option, int(np.argmax(score)) if holder is None else holder
 
 
@@ -422,16 +421,17 @@ def answer_parts(question: str, context: str, embed) -> Answer:
     ranked = np.argsort(-score, kind="stable").tolist()
     sources = [source for _, source, _ in found]
     options = choices(question)
+    person = asks_person(question)
     if options:
-        short, best = _choose(question, options, texts, names, score)
-        short = _full_name(short, best, texts, sources, True)
-        picked = _pick(ranked, texts, sources, [best], MAX_WORDS - len(short.split()) - HEADER_WORDS)
-        return Answer(short, [(texts[i], found[i][1]) for i in picked])
-    picked = _pick(ranked, texts, sources, [], MAX_WORDS)
-    short, holder = _short_answer(question, kind, [texts[i] for i in picked], [names[i] for i in picked], entity_level,
-                                  score[picked], question_words)
-    if kind not in ("date", "number"):
-        short = _full_name(short, picked[holder], texts, sources, asks_person(question))
-    # again from the sentence the short answer is taken from, in what the answer's first words leave
-    picked = _pick(ranked, texts, sources, [picked[holder]], MAX_WORDS - len(short.split()) - HEADER_WORDS)
+        short, holder = _choose(question, options, texts, names, score)
+        short = _full_name(short, holder, texts, sources, True)
+    else:
+        picked = _pick(ranked, texts, sources, [], MAX_WORDS)
+        short, at = _short_answer(question, kind, [texts[i] for i in picked], [names[i] for i in picked],
+                                  entity_level, score[picked], question_words, person)
+        holder = picked[at]
+        if kind not in ("date", "number"):
+            short = _full_name(short, holder, texts, sources, person)
+    # from the sentence the short answer is taken from, in what the answer's first words leave
+    picked = _pick(ranked, texts, sources, [holder], MAX_WORDS - len(short.split()) - HEADER_WORDS)
     return Answer(short, [(texts[i], found[i][1]) for i in picked])
