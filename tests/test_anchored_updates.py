@@ -84,8 +84,9 @@ def test_an_incremental_update_keeps_summaries_is_deterministic_and_reports_stal
         rows = pq.read_table(build_file(workspace, "nodes.parquet"), columns=["id", "type", "text"]).to_pylist()
         return {r["id"]: r["text"] for r in rows if r["type"] == "A"}
     kept, rewritten = attributes(ws), attributes(fresh)
-    assert kept.keys() == rewritten.keys()
-    stale_texts = [i for i in kept if kept[i] != rewritten[i]]
+    # the anchor's entities keep their attributes until the next full build samples the bridges again
+    assert kept.keys() - rewritten.keys() <= attributes(base[1]).keys() and kept.keys() & rewritten.keys()
+    stale_texts = [i for i in kept.keys() & rewritten.keys() if kept[i] != rewritten[i]]
     report = noderag("stats", ws, "--json").json()["anchor"]
     # stale: kept although its texts changed (the offline engine's summary of the new texts may be the same)
     assert report["stale_attributes"] == stages["attributes"]["stale"] >= len(stale_texts) > 0

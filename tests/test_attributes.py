@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from noderag_cli.graph import Graph
-from noderag_cli.index.attributes import important_entities, pivot_nodes, sampled_betweenness
+from noderag_cli.index.attributes import anchored_entities, important_entities, pivot_nodes, sampled_betweenness
 
 
 def _graph(g: nx.Graph, types: dict[int, str] | None = None) -> Graph:
@@ -64,6 +64,23 @@ def test_important_entities_are_hubs_and_bridges():
     graph = _graph(g, types)
     chosen = set(graph.ids[important_entities(graph, pivots=len(graph.ids), seed=42)].tolist())
     assert chosen == {"N_0100"}
+
+
+def test_an_update_keeps_the_anchors_entities_and_adds_the_hubs_without_sampling_bridges():
+    """Anchored (an incremental update): the hubs of the graph now, and the entities the anchor
+    named that the graph still holds as entities; no betweenness: a bridge the anchor did not name
+    waits for the next full build."""
+    g = nx.Graph()
+    g.add_edges_from((0, i) for i in range(1, 40))  # entity 0: a hub of 39 statements
+    for base in (50, 80):
+        g.add_edges_from((base + i, base + j) for i in range(10) for j in range(i + 1, 10) if (i + j) % 3 == 0)
+        g.add_edge(100, base)  # entity 100 bridges the two clusters
+    g.add_edges_from([(101, 1), (102, 2)])
+    types = {i: "S" for i in g.nodes} | {0: "N", 100: "N", 101: "N", 102: "N"}
+    graph = _graph(g, types)
+    assert set(graph.ids[important_entities(graph, pivots=len(graph.ids), seed=42)].tolist()) == {"N_0000", "N_0100"}
+    named = pa.array(["N_0101", "N_0003", "N_0999"], pa.string())  # an entity, a statement, a node gone
+    assert set(graph.ids[anchored_entities(graph, named)].tolist()) == {"N_0000", "N_0101"}
 
 
 def test_an_attribute_is_written_from_statements_first_then_stubs_by_id_within_its_budget():

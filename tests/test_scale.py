@@ -116,10 +116,12 @@ def test_update_on_the_clustered_path_equals_a_fresh_build(tmp_path, clustered_b
         assert build_file(workspace, name).read_bytes() == build_file(fresh, name).read_bytes()
 
 
-def test_anchored_clustered_lists_are_maintained_exactly():
+def test_anchored_clustered_lists_are_maintained_exactly(monkeypatch):
     """Lists kept against an anchor's centroids (an incremental update): the stored lists of the
     last run, with deleted rows dropped and new rows merged in, equal a search of every row against
-    the same clusters; only the new rows are searched again, and the centroids are the anchor's."""
+    the same clusters; only the new rows are searched again, and the centroids are the anchor's.
+    The stored probes of the rows kept are those a computation gives, and only the new rows' are
+    computed."""
     rng = np.random.default_rng(11)
     centres = rng.standard_normal((12, 24))
     vectors = centres[rng.integers(0, 12, 2400)] + 0.7 * rng.standard_normal((2400, 24))
@@ -134,9 +136,18 @@ def test_anchored_clustered_lists_are_maintained_exactly():
     previous = se.to_table(rows(np.arange(2000))[0], first)
     kept = np.r_[np.flatnonzero(rng.random(2000) > 0.03), np.arange(2000, 2400)]  # 3% deleted, 400 new
     keys, now = rows(kept)
+    probed = []
+    monkeypatch.setattr(se, "nearest", lambda grid, *a: probed.append(len(grid)) or ivf.nearest(grid, *a))
     maintained = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2, centroids=first.centroids,
                                     previous=previous)
+    assert probed == [400]
     searched = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2, centroids=first.centroids)
+    assert probed == [400, len(kept)]
+    assert np.array_equal(maintained.probes, searched.probes)
+    assert np.array_equal(se.to_table(keys, maintained)["probes"].to_pylist(), searched.probes.tolist())
+    older = se.clustered_lists(keys, now, k, seed=1, probes=probes, assign=2, centroids=first.centroids,
+                               previous=previous.drop_columns(["probes"]))  # lists stored without probes
+    assert probed[-1] == len(kept) and np.array_equal(older.candidates, maintained.candidates)
     assert np.array_equal(maintained.centroids, first.centroids)
     assert np.array_equal(maintained.candidates[:, :k], searched.candidates[:, :k])
     assert np.array_equal(maintained.kept, searched.kept)

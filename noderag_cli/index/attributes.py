@@ -95,20 +95,34 @@ def sampled_betweenness(graph: Graph, sources: list[int]) -> np.ndarray:
     return between
 
 
+def core_entities(graph: Graph) -> np.ndarray:
+    """Per node, whether it is an entity of K(G): degree >= floor(ln|V| * sqrt(mean degree))."""
+    degree = graph.degree.astype(np.float64)
+    threshold = math.floor(math.log(len(degree)) * math.sqrt(degree.mean())) if degree.mean() > 0 else 0
+    return (graph.types == "N") & (degree >= max(threshold, 1))
+
+
 def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     """Indices of the entities in K(G) ∪ B(G)."""
     n = len(graph.ids)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    degree = graph.degree.astype(np.float64)
-    threshold = math.floor(math.log(n) * math.sqrt(degree.mean())) if degree.mean() > 0 else 0
-    is_entity = graph.types == "N"
-    core = is_entity & (degree >= max(threshold, 1))
-
     b = sampled_betweenness(graph, pivot_nodes(graph.ids, pivots, seed))
     scale = math.floor(math.log10(n)) if n >= 10 else 1
-    bridges = is_entity & (b > b.mean() * scale)
-    return np.flatnonzero(core | bridges)
+    bridges = (graph.types == "N") & (b > b.mean() * scale)
+    return np.flatnonzero(core_entities(graph) | bridges)
+
+
+def anchored_entities(graph: Graph, kept: pa.Array) -> np.ndarray:
+    """Indices of the entities in K(G), and of those named in `kept` (the anchor's, and those whose
+    attribute failed in the last run, to be retried) that the graph still holds: an incremental
+    update keeps the anchor's bridges instead of sampling betweenness over the whole graph again (the
+    stage's largest cost once nothing is asked), so an entity that becomes a bridge is summarised
+    when the next full build samples it, as its changed texts are."""
+    if len(graph.ids) == 0:
+        return np.zeros(0, dtype=np.int64)
+    named = pc.is_in(pa.array(graph.ids, pa.string()), value_set=kept).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(core_entities(graph) | (named & (graph.types == "N")))
 
 
 def _picked_texts(graph: Graph, nodes: pa.Table, chosen: np.ndarray, max_tokens: int) -> list[np.ndarray]:
@@ -141,14 +155,21 @@ def _picked_texts(graph: Graph, nodes: pa.Table, chosen: np.ndarray, max_tokens:
 def run(
     nodes: pa.Table, edges: pa.Table, engine: Engine, pivots: int, seed: int, max_tokens: int, leaf_tokens: int,
     progress: Callable[[int], None] | None = None, count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens,
-    anchor: Anchor | None = None, resummarize_share: float = 0.0,
+    anchor: Anchor | None = None, resummarize_share: float = 0.0, failed_before: pa.Array | None = None,
 ) -> tuple[pa.Table, pa.Table, dict[str, str], pa.Table]:
     """A nodes, A-N edges, failures per entity id, and the summaries record (`anchor.py`). Reads
     the `tokens` column of `nodes`. An attribute is written in parts of about `leaf_tokens`
-    (index/summaries.py); with an `anchor`, an entity whose texts changed by at most
-    `resummarize_share` since its attribute was written keeps it, and nothing is asked."""
+    (index/summaries.py); with an `anchor`, the entities are K(G) and the anchor's
+    (`anchored_entities`, with `failed_before`: the entities whose attribute the last run did not
+    get), and one whose texts changed by at most `resummarize_share` since its attribute was
+    written keeps it, and nothing is asked."""
     graph = Graph.from_tables(nodes, edges)
-    chosen = important_entities(graph, pivots, seed)
+    if anchor is None:
+        chosen = important_entities(graph, pivots, seed)
+    else:
+        retried = failed_before if failed_before is not None else pa.array([], pa.string())
+        chosen = anchored_entities(graph, pa.concat_arrays([anchor.attribute_table["key"].combine_chunks(),
+                                                            retried.cast(pa.string())]))
     picked_by = _picked_texts(graph, nodes, chosen, max_tokens)
     rows = np.concatenate([chosen, *picked_by]).astype(np.int64)  # only these nodes' columns become Python objects
     texts, names, chunk_ids = ({int(r): value for r, value in zip(rows.tolist(), nodes[column].take(pa.array(rows)).to_pylist(),

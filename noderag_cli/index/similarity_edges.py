@@ -52,7 +52,7 @@ CLUSTER_BLOCK = 8192  # rows (of neighbouring home clusters) scored against thei
 TRIM_CLUSTERS = 64  # clusters scored between two releases of the spilled arrays' pages (spill.py)
 ASSIGN = 2  # clustered index: a vector belongs to its 2 nearest clusters (a neighbour near a border is found)
 NEIGHBOURS_SCHEMA = pa.schema([("id", pa.string()), ("candidates", pa.list_(pa.int32())),
-                               ("kept", pa.list_(pa.bool_()))])
+                               ("kept", pa.list_(pa.bool_())), ("probes", pa.list_(pa.int32()))])
 SLACK = 16  # candidates stored beyond k: a row outlives that many deletions without a new search
 SUBSAMPLE = 4  # the k-th best of every 4th column bounds the k-th best of the row from below
 
@@ -68,6 +68,7 @@ class Neighbours:
     searched: int = 0  # rows searched (against every node, or their probed clusters) this run
     pruned: int = 0  # rows whose first k changed, heuristic rerun
     centroids: np.ndarray | None = None  # the clustered index's, when the candidates came from one
+    probes: np.ndarray | None = None  # (n, p) int32: each row's nearest of those centroids, nearest first
 
 
 def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -341,7 +342,8 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     if centroids is None:
         clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
     else:
-        clusters = Clusters(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
+        clusters = Clusters(centroids, kept_probes(grid, centroids, max(probes, assign), keys, previous),
+                            min(assign, len(centroids)))
     lists = _Lists.start(keys, k, width, previous, spill)
     search = np.flatnonzero(~lists.reused)
     if progress:
@@ -351,7 +353,34 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     if len(old) and len(new):
         last_score, last_col = lists.last(grid)
         lists.merge_new(grid, [_newcomers(grid, clusters, probes, old, new, last_score[old], last_col[old])], old)
-    return lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
+    neighbours = lists.pruned(grid, searched=len(search), centroids=clusters.centroids)
+    neighbours.probes = clusters.probes
+    return neighbours
+
+
+def kept_probes(grid: np.ndarray, centroids: np.ndarray, count: int, keys: np.ndarray,
+                previous: pa.Table | None) -> np.ndarray:
+    """Each row's `count` nearest centroids (`ivf.nearest`), for an update against an anchor's
+    centroids: a row that `previous` (the last run's lists, against the same centroids) holds under
+    the same key, the same node with the same vector, keeps the probes it stored, and only the
+    others are computed: every vector's nearest centroids were the update's largest product."""
+    stored = previous is not None and "probes" in previous.column_names
+    if stored:
+        at = pc.index_in(pa.array(keys, pa.string()), value_set=previous["id"].combine_chunks())
+        found = pc.is_valid(at).to_numpy(zero_copy_only=False)
+        column = previous["probes"].combine_chunks()
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        stored = bool(len(lengths)) and bool((lengths == min(count, len(centroids))).all())
+    if not stored:
+        return nearest(grid, centroids, count)
+    width = min(count, len(centroids))
+    probes = np.empty((len(keys), width), np.int32)
+    values = pc.list_flatten(column).to_numpy().reshape(-1, width)
+    probes[found] = values[pc.drop_null(at).to_numpy()]
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        probes[missing] = nearest(grid[missing], centroids, count)
+    return probes
 
 
 def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, width: int, probes: int,
@@ -565,15 +594,18 @@ def pairs(neighbours: Neighbours) -> np.ndarray:
 
 def to_table(ids: np.ndarray, neighbours: Neighbours) -> pa.Table:
     """One row per node: its candidates (as rows of this table) and kept flags (False past the
-    first k), best first."""
+    first k), best first; its probes (`Neighbours.probes`; empty for exact lists)."""
     valid = neighbours.candidates >= 0
     kept = np.zeros(valid.shape, bool)
     kept[:, : neighbours.kept.shape[1]] = neighbours.kept
     offsets = pa.array(np.r_[0, np.cumsum(valid.sum(axis=1))].astype(np.int32))
+    probes = np.zeros((len(ids), 0), np.int32) if neighbours.probes is None else neighbours.probes
     return pa.table({
         "id": pa.array(ids, pa.string()),
         "candidates": pa.ListArray.from_arrays(offsets, pa.array(neighbours.candidates[valid].astype(np.int32))),
         "kept": pa.ListArray.from_arrays(offsets, pa.array(kept[valid], pa.bool_())),
+        "probes": pa.ListArray.from_arrays(pa.array(np.arange(len(ids) + 1, dtype=np.int32) * probes.shape[1]),
+                                           pa.array(probes.ravel().astype(np.int32))),
     }, schema=NEIGHBOURS_SCHEMA)
 
 

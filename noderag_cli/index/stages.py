@@ -283,10 +283,12 @@ def _attributes(run: StageRun) -> dict:
     nodes, edges = run.nodes(DECOMPOSE_NODES), run.edges(DECOMPOSE_EDGES)
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
+    failed_before = run.last(FAILURES) if kept_against else None
     new_nodes, new_edges, failures, summaries = attributes.run(
         nodes, edges, run.engine, g.betweenness_pivots, g.seed, g.attribute_max_tokens, g.summary_leaf_tokens,
         run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
+        failed_before=None if failed_before is None else failed_before["item"].combine_chunks(),
     )
     run.embedder.embed_ahead(new_nodes["text"].to_pylist())
     failed = run.commit_graph(new_nodes, new_edges, failures)
