@@ -228,7 +228,7 @@ class Embedder:
     def remember(self, texts: list[str], vectors: np.ndarray) -> None:
         """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
         are not looked up in the cache again."""
-        self._memo.update(zip(texts, np.asarray(vectors).astype(STORED_DTYPE), strict=True))
+        self._memo.update(zip(texts, np.asarray(vectors).astype(STORED_DTYPE, copy=False), strict=True))
 
     def cache_key(self, text: str) -> str:
         return hashlib.blake2b(f"{self._computed_id}\x1f{text}".encode(), digest_size=16).hexdigest()

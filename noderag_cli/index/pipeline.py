@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import faiss
 import numpy as np
 import pyarrow as pa
 
-from .. import readers
+from .. import ivf, readers
 from ..config import COST_ONLY, Config, changed, config_to_yaml
 from ..embeddings import Embedder, check_embedding
 from ..engines.base import Engine, EngineStats
@@ -365,14 +364,13 @@ def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
             if built is None or built.verify((NODES, "vectors.faiss")):
                 return  # a damaged file is read by no one: the embed stage then finds every vector in the cache
             nodes = built.table("nodes", ["text", "vector_row"])
-            index = faiss.read_index(str(built.path("vectors.faiss")))
+            vectors = ivf.read_stored(built.path("vectors.faiss"))  # mapped, as stored: no float32 copy
     except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
         return  # a damaged earlier build: the cache still has every vector
     rows = nodes["vector_row"].to_numpy()
     embedded = np.flatnonzero(rows >= 0)
-    if index.ntotal != len(embedded) or (len(embedded) and rows.max() >= index.ntotal):
+    if len(vectors) != len(embedded) or (len(embedded) and rows.max() >= len(vectors)):
         return
-    vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, embedder.dim), np.float32)
     embedder.remember(nodes["text"].take(pa.array(embedded)).to_pylist(), vectors[rows[embedded]])
 
 
