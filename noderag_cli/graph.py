@@ -47,6 +47,9 @@ EDGE_SCHEMA = pa.schema(
 EDGE_COLUMNS = EDGE_SCHEMA.names
 
 
+ID_WIDTH = 18  # bytes of a node id: its type letter, "_" and `_hash`'s 16 hex digits
+
+
 def _hash(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode("utf-8"), digest_size=8).hexdigest()
 
@@ -166,6 +169,43 @@ def merge_edges(tables: list[pa.Table]) -> pa.Table:
          "hnsw": pa.array(hnsw)},
         schema=EDGE_SCHEMA,
     )
+
+
+def fixed_width(column: pa.Array | pa.ChunkedArray, width: int = ID_WIDTH) -> np.ndarray | None:
+    """The values of a string column as a numpy array of `width`-byte strings (a view on its data,
+    which sorts and compares as Arrow sorts strings: by bytes), or None unless every value has
+    exactly `width` bytes (every node id does: a type letter, "_" and 16 hex digits)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if column.null_count:
+        return None
+    if not len(column):
+        return np.zeros(0, f"S{width}")
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    if not (np.diff(offsets) == width).all():
+        return None
+    return np.frombuffer(column.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].view(f"S{width}")
+
+
+def sorted_union(first: pa.Table, second: pa.Table, key: tuple[str, ...]) -> pa.Table | None:
+    """The rows of two tables each sorted by the id columns `key`, which no row of both shares, in
+    one table sorted by them, with `second`'s schema (a table read back from parquet names its
+    lists' items "element"): a merge (the place of each row of `second` among those of `first`),
+    not a sort of strings. None unless every id has the common width (`fixed_width`)."""
+    keys = []
+    for table in (first, second):
+        columns = [fixed_width(table[name]) for name in key]
+        if any(c is None for c in columns):
+            return None
+        width = ID_WIDTH * len(key)
+        keys.append(np.concatenate([c.view(np.uint8).reshape(-1, ID_WIDTH) for c in columns], axis=1)
+                    .reshape(-1).view(f"S{width}") if table.num_rows else np.zeros(0, f"S{width}"))
+    into = np.searchsorted(keys[0], keys[1]) + np.arange(len(keys[1]))  # a row of `second`'s place
+    is_second = np.zeros(first.num_rows + second.num_rows, bool)
+    is_second[into] = True
+    order = np.empty(len(is_second), np.int64)
+    order[~is_second] = np.arange(first.num_rows)
+    order[is_second] = first.num_rows + np.arange(second.num_rows)
+    return pa.concat_tables([first.cast(second.schema), second]).take(pa.array(order)).combine_chunks()
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

@@ -8,7 +8,12 @@ import pyarrow as pa
 import pytest
 
 from noderag_cli.graph import Graph
-from noderag_cli.index.attributes import anchored_entities, important_entities, pivot_nodes, sampled_betweenness
+from noderag_cli.index.attributes import (
+    anchored_entities,
+    important_entities,
+    pivot_nodes,
+    sampled_betweenness,
+)
 
 
 def _graph(g: nx.Graph, types: dict[int, str] | None = None) -> Graph:

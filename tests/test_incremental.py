@@ -27,7 +27,7 @@ from conftest import (
 )
 from conftest import index as run_index
 
-from noderag_cli.graph import document_id, entity_id
+from noderag_cli.graph import document_id, entity_id, fixed_width
 from noderag_cli.index.stages import STAGE_NAMES as STAGES
 
 NEW_DOCUMENT = """# The Korven Institute
@@ -362,3 +362,42 @@ def test_an_update_takes_the_unchanged_nodes_text_structures_from_the_last_build
     index(workspace, corpus)
     for name in structures:
         assert build_file(workspace, name).read_bytes() == build_file(round_one_fresh[1], name).read_bytes(), name
+
+
+def test_an_update_aggregates_only_the_changed_rows_into_a_full_aggregations_bytes():
+    """`decompose.updated_graph`: the last run's graph, with the rows of two chunks gone and of one
+    added, gives the bytes `build_graph` gives from every row (a table read back from parquet, as
+    the stage reads it); ids not all of one width fall back to `build_graph`, the same tables."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from noderag_cli import nlp
+    from noderag_cli.engines.base import ChunkInput
+    from noderag_cli.engines.offline import decompose_chunk
+    from noderag_cli.files import parquet_bytes
+    from noderag_cli.index import decompose
+
+    texts = {p.name: p.read_text(encoding="utf-8") for p in sorted(SAMPLE_CORPUS.glob("*.*")) if p.suffix in {".md", ".txt"}}
+    units = {name: (name, decompose_chunk(ChunkInput(chunk_id=name, text=text, title=name)))
+             for name, text in texts.items()}
+    occurrences, links = decompose.unit_rows(units, nlp.count_tokens)
+    gone, added = sorted(texts)[:2], sorted(texts)[-1:]
+
+    def longer(ids):
+        return pc.binary_join_element_wise(ids, pa.scalar("x"), "")
+
+    for lengthened in (False, True):  # True: ids of another width, aggregated whole
+        if lengthened:
+            occurrences = occurrences.set_column(2, "node", longer(occurrences["node"]))
+            links = links.set_column(2, "source", longer(links["source"])).set_column(3, "target", longer(links["target"]))
+
+        def rows(names):
+            return tuple(t.filter(pc.is_in(t["input"], value_set=pa.array(names))) for t in (occurrences, links))  # noqa: B023
+
+        before = rows([n for n in texts if n not in added])
+        last = tuple(pq.read_table(pa.BufferReader(parquet_bytes(t))) for t in decompose.build_graph(*before))
+        now, changed = rows([n for n in texts if n not in gone]), rows(gone + added)
+        expected = [parquet_bytes(t) for t in decompose.build_graph(*now)]
+        assert [parquet_bytes(t) for t in decompose.updated_graph(*now, last, changed)] == expected
+        assert len(pc.unique(changed[0]["node"])) < len(pc.unique(now[0]["node"]))  # a part aggregated again
+        assert (fixed_width(last[0]["id"]) is None) == lengthened

@@ -36,6 +36,7 @@ from ..graph import (
     nodes_from_mentions,
     normalize_name,
     relation_id,
+    sorted_union,
     unit_id,
 )
 
@@ -72,10 +73,11 @@ def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
     previous: tuple[pa.Table, pa.Table] | None = None,
     executor: Executor | None = None,
-) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int]]:
-    """The occurrence and link rows of every chunk; failure reasons per chunk id; and how many
+) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int], tuple[pa.Table, pa.Table] | None]:
+    """The occurrence and link rows of every chunk; failure reasons per chunk id; how many
     distinct chunk inputs were `cached` (rows kept from `previous`, or units from the cache) and
-    how many the engine `decomposed` in this call.
+    how many the engine `decomposed` in this call; and, with `previous`, the rows that changed
+    (`updated_graph`'s `changed`: those of the inputs gone, and of those not kept).
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
@@ -94,7 +96,7 @@ def decompose_chunks(
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
     keys = [cache_key(engine.identity, c.title, c.text) for c in inputs]
     names = [input_name(c.chunk_id, k) for c, k in zip(inputs, keys, strict=True)]
-    kept_occurrences, kept_links, known = _kept_rows(previous, names)
+    kept_occurrences, kept_links, known, gone = _kept_rows(previous, names)
     stats = engine.stats.task("decompose")
     stats.cache_hits += len(known)
     pending = [(c, k, n) for c, k, n in zip(inputs, keys, names, strict=True) if n not in known]
@@ -134,11 +136,13 @@ def decompose_chunks(
     batches = [work[i : i + BATCH] for i in range(0, len(work), BATCH)]
     del work
     results = executor.map(rows_of_batch, batches, done)
+    changed = None if previous is None else \
+        tuple(pa.concat_tables([gone[i], *(r[i + 1] for r in results)]) for i in (0, 1))
     occurrence_parts = [kept_occurrences, *(r[1] for r in results)]
     link_parts = [kept_links, *(r[2] for r in results)]
     del results, kept_occurrences, kept_links, batches  # the lists of parts alone hold the rows now
     return _in_input_order(occurrence_parts), _in_input_order(link_parts), failures, \
-        {"cached": len(inputs) - len(todo), "decomposed": len(todo)}
+        {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed
 
 
 def _in_input_order(parts: list[pa.Table]) -> pa.Table:
@@ -155,14 +159,18 @@ def _in_input_order(parts: list[pa.Table]) -> pa.Table:
     return table
 
 
-def _kept_rows(previous: tuple[pa.Table, pa.Table] | None, names: list[str]) -> tuple[pa.Table, pa.Table, set[str]]:
-    """The last run's occurrence and link rows of the inputs still present, and which inputs those are."""
+def _kept_rows(previous: tuple[pa.Table, pa.Table] | None, names: list[str]
+               ) -> tuple[pa.Table, pa.Table, set[str], tuple[pa.Table, pa.Table]]:
+    """The last run's occurrence and link rows of the inputs still present, which inputs those
+    are, and the rows of the inputs gone."""
     if previous is None:
-        return OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table(), set()
+        return OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table(), set(), \
+            (OCCURRENCE_SCHEMA.empty_table(), LINK_SCHEMA.empty_table())
     wanted = pa.array(names, pa.string())
-    occurrences = previous[0].filter(pc.is_in(previous[0]["input"], value_set=wanted))
-    links = previous[1].filter(pc.is_in(previous[1]["input"], value_set=wanted))
-    return occurrences, links, set(pc.unique(occurrences["input"]).to_pylist())
+    present = [pc.is_in(table["input"], value_set=wanted) for table in previous]
+    occurrences, links = (table.filter(mask) for table, mask in zip(previous, present, strict=True))
+    gone = tuple(table.filter(pc.invert(mask)) for table, mask in zip(previous, present, strict=True))
+    return occurrences, links, set(pc.unique(occurrences["input"]).to_pylist()), gone
 
 
 def _decompose_here(engine: Engine, todo: list[tuple[ChunkInput, str, str]], cache: Cache,
@@ -265,6 +273,34 @@ def build_graph(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Ta
     """S, N, R nodes (sorted by id) and S-N, S-R, R-N edges, aggregated from the rows."""
     edges = edge_rows(links["source"], links["target"], links["kind"])
     return nodes_from_mentions(occurrences), merge_edges([edges])
+
+
+def updated_graph(occurrences: pa.Table, links: pa.Table, last: tuple[pa.Table, pa.Table],
+                  changed: tuple[pa.Table, pa.Table]) -> tuple[pa.Table, pa.Table]:
+    """`build_graph`'s tables, the same bytes, from the last run's (`last`: built from its rows)
+    when only the rows in `changed` (those of the inputs gone, and of the inputs added) differ: a
+    node is a function of its own mentions and an edge of its pair's links, so only the nodes the
+    changed rows mention, and the pairs whose two ends both belong to a changed link, are
+    aggregated again, from every row that names them; the rest of `last` is kept. An update of 1%
+    of a large folder then aggregates about 1% of the mentions instead of all of them. Falls back
+    to `build_graph` when an id is not of the common width (`graph.fixed_width`)."""
+    last_nodes, last_edges = last
+    named = pc.unique(changed[0]["node"])
+    kept_nodes = last_nodes.filter(pc.invert(pc.is_in(last_nodes["id"], value_set=named)))
+    again = nodes_from_mentions(occurrences.filter(pc.is_in(occurrences["node"], value_set=named)))
+    ends = pc.unique(pa.concat_arrays([changed[1]["source"].combine_chunks(), changed[1]["target"].combine_chunks()]))
+
+    def both_ends(table: pa.Table) -> pa.ChunkedArray:
+        return pc.and_(pc.is_in(table["source"], value_set=ends), pc.is_in(table["target"], value_set=ends))
+
+    kept_edges = last_edges.filter(pc.invert(both_ends(last_edges)))
+    linked = links.filter(both_ends(links))
+    again_edges = merge_edges([edge_rows(linked["source"], linked["target"], linked["kind"])])
+    nodes = sorted_union(kept_nodes, again, ("id",))
+    edges = sorted_union(kept_edges, again_edges, ("source", "target"))
+    if nodes is None or edges is None:
+        return build_graph(occurrences, links)
+    return nodes, edges
 
 
 def read_rows(occurrences_path: Path, links_path: Path) -> tuple[pa.Table, pa.Table] | None:

@@ -261,11 +261,13 @@ def _decompose(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
     rows_paths = (run.path(OCCURRENCES.file), run.path(LINKS.file))
     kept = [run.trusted(o.file) for o in (OCCURRENCES, LINKS)]
-    occurrences, links, failures, work = decompose.decompose_chunks(
+    occurrences, links, failures, work, changed = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance,
         decompose.read_rows(*kept) if all(kept) else None, run.executor,
     )
-    nodes, edges = decompose.build_graph(occurrences, links)
+    last = [run.last(name) for name in (NODES, EDGES)] if changed is not None else [None]
+    nodes, edges = decompose.updated_graph(occurrences, links, last, changed) if all(t is not None for t in last) \
+        else decompose.build_graph(occurrences, links)
     for path, table in zip(rows_paths, (occurrences, links), strict=True):
         write_parquet(path, decompose.with_version(table))
     del occurrences, links  # the stage's largest tables: let go before the vectors are made
