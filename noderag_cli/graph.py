@@ -186,26 +186,92 @@ def fixed_width(column: pa.Array | pa.ChunkedArray, width: int = ID_WIDTH) -> np
     return np.frombuffer(column.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].view(f"S{width}")
 
 
+def id_keys(table: pa.Table, key: tuple[str, ...]) -> np.ndarray | None:
+    """Per row, the bytes of its id columns `key` one after the other (numpy byte strings, which
+    sort as Arrow sorts the columns one after the other), or None unless every id has the common
+    width (`fixed_width`)."""
+    columns = [fixed_width(table[name]) for name in key]
+    if any(c is None for c in columns):
+        return None
+    width = ID_WIDTH * len(key)
+    if not table.num_rows:
+        return np.zeros(0, f"S{width}")
+    return np.concatenate([c.view(np.uint8).reshape(-1, ID_WIDTH) for c in columns], axis=1).reshape(-1).view(f"S{width}")
+
+
+def _interleaved(first: int, places: np.ndarray) -> np.ndarray:
+    """The order that takes `first` rows and, after them, rows to go at `places` (ascending: a
+    row's place among the first rows, as searchsorted gives it) into one sorted sequence."""
+    into = places + np.arange(len(places))
+    is_second = np.zeros(first + len(places), bool)
+    is_second[into] = True
+    order = np.empty(len(is_second), np.int64)
+    order[~is_second] = np.arange(first)
+    order[is_second] = first + np.arange(len(places))
+    return order
+
+
 def sorted_union(first: pa.Table, second: pa.Table, key: tuple[str, ...]) -> pa.Table | None:
     """The rows of two tables each sorted by the id columns `key`, which no row of both shares, in
     one table sorted by them, with `second`'s schema (a table read back from parquet names its
     lists' items "element"): a merge (the place of each row of `second` among those of `first`),
     not a sort of strings. None unless every id has the common width (`fixed_width`)."""
-    keys = []
-    for table in (first, second):
-        columns = [fixed_width(table[name]) for name in key]
-        if any(c is None for c in columns):
-            return None
-        width = ID_WIDTH * len(key)
-        keys.append(np.concatenate([c.view(np.uint8).reshape(-1, ID_WIDTH) for c in columns], axis=1)
-                    .reshape(-1).view(f"S{width}") if table.num_rows else np.zeros(0, f"S{width}"))
-    into = np.searchsorted(keys[0], keys[1]) + np.arange(len(keys[1]))  # a row of `second`'s place
-    is_second = np.zeros(first.num_rows + second.num_rows, bool)
-    is_second[into] = True
-    order = np.empty(len(is_second), np.int64)
-    order[~is_second] = np.arange(first.num_rows)
-    order[is_second] = first.num_rows + np.arange(second.num_rows)
+    keys = [id_keys(table, key) for table in (first, second)]
+    if keys[0] is None or keys[1] is None:
+        return None
+    order = _interleaved(first.num_rows, np.searchsorted(keys[0], keys[1]))
     return pa.concat_tables([first.cast(second.schema), second]).take(pa.array(order)).combine_chunks()
+
+
+def union_of_merged(tables: list[pa.Table]) -> pa.Table:
+    """`merge_edges(tables)` for tables that are each its output (one row per pair, source <
+    target, sorted: what every stage writes), by merging them in turn: a pair in both of two tables
+    becomes one row of their summed weight, or-ed `hnsw` and the first structural kind (that of
+    the first table, unless it is "similarity"), the rest of the second table's rows are placed
+    among the first's. The stages' edge tables are millions of rows: a merge of sorted ids instead
+    of a sort of every id again. Falls back to `merge_edges` when a table is not so (or its ids
+    are not of the common width)."""
+    parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
+    keys = [id_keys(t, ("source", "target")) for t in parts]
+    if not parts or any(k is None or (len(k) > 1 and not (k[1:] > k[:-1]).all()) for k in keys) or not all(
+            (fixed_width(t["source"]) < fixed_width(t["target"])).all() for t in parts):
+        return merge_edges(tables)
+    kinds = pa.array(EDGE_KINDS, pa.string())
+    found = [pc.index_in(t["kind"], value_set=kinds) for t in parts]
+    if any(f.null_count for f in found):
+        return merge_edges(tables)  # a kind not among EDGE_KINDS
+    codes = [np.asarray(f.to_numpy(), np.int64) for f in found]
+    similarity = EDGE_KINDS.index("similarity")
+    # the union so far, by row: its key, the table and row it is taken from, and its merged values
+    merged_keys, table_of, row_of = keys[0], np.zeros(len(keys[0]), np.int64), np.arange(len(keys[0]))
+    weight = parts[0]["weight"].to_numpy().astype(np.float64)
+    hnsw = parts[0]["hnsw"].to_numpy(zero_copy_only=False).astype(bool)
+    kind = codes[0].copy()
+    for number, (table, table_keys, table_kind) in enumerate(zip(parts[1:], keys[1:], codes[1:], strict=True), 1):
+        places = np.searchsorted(merged_keys, table_keys)
+        same = np.zeros(len(places), bool)
+        inside = places < len(merged_keys)
+        same[inside] = merged_keys[places[inside]] == table_keys[inside]
+        at = places[same]
+        weight[at] += table["weight"].to_numpy()[same]
+        hnsw[at] |= table["hnsw"].to_numpy(zero_copy_only=False)[same]
+        kind[at] = np.where(kind[at] == similarity, table_kind[same], kind[at])
+        new = ~same
+        order = _interleaved(len(merged_keys), places[new])
+        merged_keys = np.concatenate([merged_keys, table_keys[new]])[order]
+        table_of = np.concatenate([table_of, np.full(int(new.sum()), number)])[order]
+        row_of = np.concatenate([row_of, np.flatnonzero(new)])[order]
+        weight = np.concatenate([weight, table["weight"].to_numpy().astype(np.float64)[new]])[order]
+        hnsw = np.concatenate([hnsw, table["hnsw"].to_numpy(zero_copy_only=False)[new]])[order]
+        kind = np.concatenate([kind, table_kind[new]])[order]
+    starts = np.cumsum([0] + [t.num_rows for t in parts])
+    taken = pa.array(starts[table_of] + row_of)
+
+    def column(name: str) -> pa.Array:
+        return pa.concat_arrays([c for t in parts for c in t[name].chunks]).take(taken)
+
+    return pa.table({"source": column("source"), "target": column("target"), "kind": kinds.take(pa.array(kind)),
+                     "weight": pa.array(weight.astype(np.float32)), "hnsw": pa.array(hnsw)}, schema=EDGE_SCHEMA)
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

@@ -72,3 +72,32 @@ def test_every_node_and_edge_table_is_embedded_and_assembled():
     for stage in STAGES:  # an input is some earlier stage's output
         earlier = {o for s in STAGES[:STAGES.index(stage)] for o in s.outputs}
         assert set(stage.inputs) <= earlier, stage.name
+
+
+def test_stage_edge_tables_merge_as_sorted_tables_into_merge_edges_bytes():
+    """`graph.union_of_merged` (how a stage reads several stages' edges): a pair two tables hold is
+    one row of their summed weight, or-ed hnsw and the structural kind even when the similarity
+    table comes first; a table that is not merge_edges' output (unsorted) or ids of another width
+    take merge_edges itself. Every case gives merge_edges' bytes."""
+    import pyarrow as pa
+
+    from noderag_cli.files import parquet_bytes
+    from noderag_cli.graph import edge_rows, union_of_merged
+
+    def node(i: int, letter: str = "S") -> str:
+        return f"{letter}_{i:016x}"
+
+    def rows(pairs, kind, hnsw=False):
+        return merge_edges([edge_rows(pa.array([a for a, _ in pairs]), pa.array([b for _, b in pairs]), kind, hnsw)])
+
+    similar = rows([(node(1), node(2)), (node(3), node(4)), (node(2), node(5))], "similarity", hnsw=True)
+    structural = rows([(node(1), node(2)), (node(1), node(2)), (node(0), node(7, "T"))], "T-S")
+    entities = rows([(node(9, "N"), node(3)), (node(2), node(5))], "S-N")
+    for tables in ([similar, structural, entities], [structural, similar], [entities, similar]):
+        assert parquet_bytes(union_of_merged(tables)) == parquet_bytes(merge_edges(tables))
+    both = union_of_merged([similar, structural]).to_pylist()
+    assert {"source": node(1), "target": node(2), "kind": "T-S", "weight": 3.0, "hnsw": True} in both
+    unsorted = pa.Table.from_pylist(structural.to_pylist()[::-1], schema=structural.schema)
+    longer = rows([(node(1) + "x", node(2))], "S-N")
+    for tables in ([similar, unsorted], [similar, longer]):
+        assert parquet_bytes(union_of_merged(tables)) == parquet_bytes(merge_edges(tables))

@@ -35,7 +35,7 @@ from ..engines.base import Engine
 from ..executor import Executor, release_memory
 from ..files import atomic_write_with, file_digest, write_parquet
 from ..generation import GENERATION_VERSION
-from ..graph import edge_rows, merge_edges
+from ..graph import edge_rows, union_of_merged
 from ..search import prepare
 from ..spill import Spill, budget_mb
 from ..workspace import EDGES, NODES, Workspace
@@ -172,10 +172,11 @@ class StageRun:
         return pa.concat_tables([self.read(o) for o in outputs])
 
     def edges(self, *outputs: Output) -> pa.Table:
-        """Edge tables, merged (`graph.merge_edges`). One table is taken as it is: every stage writes
-        its edges merged (one row per pair, sorted), which merging again would only copy."""
+        """Edge tables, merged (`graph.merge_edges`). Every stage writes its edges merged (one row
+        per pair, sorted): one table is taken as it is, several are merged as sorted tables
+        (`graph.union_of_merged`)."""
         tables = [self.read(o) for o in outputs]
-        return tables[0] if len(tables) == 1 else merge_edges(tables)
+        return tables[0] if len(tables) == 1 else union_of_merged(tables)
 
     def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
         self.write(NODES, nodes)
