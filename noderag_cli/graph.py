@@ -199,7 +199,7 @@ def id_keys(table: pa.Table, key: tuple[str, ...]) -> np.ndarray | None:
     return np.concatenate([c.view(np.uint8).reshape(-1, ID_WIDTH) for c in columns], axis=1).reshape(-1).view(f"S{width}")
 
 
-def interleaved(first: int, places: np.ndarray) -> np.ndarray:
+def _interleaved(first: int, places: np.ndarray) -> np.ndarray:
     """The order that takes `first` rows and, after them, rows to go at `places` (ascending: a
     row's place among the first rows, as searchsorted gives it) into one sorted sequence."""
     into = places + np.arange(len(places))
@@ -219,7 +219,7 @@ def sorted_union(first: pa.Table, second: pa.Table, key: tuple[str, ...]) -> pa.
     keys = [id_keys(table, key) for table in (first, second)]
     if keys[0] is None or keys[1] is None:
         return None
-    order = interleaved(first.num_rows, np.searchsorted(keys[0], keys[1]))
+    order = _interleaved(first.num_rows, np.searchsorted(keys[0], keys[1]))
     return pa.concat_tables([first.cast(second.schema), second]).take(pa.array(order)).combine_chunks()
 
 
@@ -257,7 +257,7 @@ def union_of_merged(tables: list[pa.Table]) -> pa.Table:
         hnsw[at] |= table["hnsw"].to_numpy(zero_copy_only=False)[same]
         kind[at] = np.where(kind[at] == similarity, table_kind[same], kind[at])
         new = ~same
-        order = interleaved(len(merged_keys), places[new])
+        order = _interleaved(len(merged_keys), places[new])
         merged_keys = np.concatenate([merged_keys, table_keys[new]])[order]
         table_of = np.concatenate([table_of, np.full(int(new.sum()), number)])[order]
         row_of = np.concatenate([row_of, np.flatnonzero(new)])[order]

@@ -15,7 +15,6 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import (
@@ -402,31 +401,3 @@ def test_an_update_aggregates_only_the_changed_rows_into_a_full_aggregations_byt
         assert [parquet_bytes(t) for t in decompose.updated_graph(*now, last, changed)] == expected
         assert len(pc.unique(changed[0]["node"])) < len(pc.unique(now[0]["node"]))  # a part aggregated again
         assert (fixed_width(last[0]["id"]) is None) == lengthened
-
-
-def test_an_updates_fresh_rows_are_placed_among_the_kept_ones_in_input_order():
-    """The decompose stage's rows, kept (in order) and fresh (in any order, in parts), come out
-    sorted by (input, seq), as a sort of all of them gives: by a merge when the kept rows' inputs
-    have the common width, by the sort when there are none (a build)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from noderag_cli import nlp
-    from noderag_cli.engines.base import ChunkInput
-    from noderag_cli.engines.offline import decompose_chunk
-    from noderag_cli.graph import chunk_id
-    from noderag_cli.index import decompose
-
-    texts = [p.read_text(encoding="utf-8") for p in sorted(SAMPLE_CORPUS.glob("*.*")) if p.suffix in {".md", ".txt"}]
-    units = {decompose.input_name(chunk_id(t), decompose.cache_key({}, "", t)): (chunk_id(t), decompose_chunk(
-        ChunkInput(chunk_id=chunk_id(t), text=t, title=""))) for t in texts}
-    occurrences, _ = decompose.unit_rows(units, nlp.count_tokens)
-    ordered = occurrences.sort_by([("input", "ascending"), ("seq", "ascending")])
-    fresh_inputs = sorted(units)[1::3]
-    is_fresh = pc.is_in(ordered["input"], value_set=pa.array(fresh_inputs))
-    kept, fresh = ordered.filter(pc.invert(is_fresh)), ordered.filter(is_fresh)
-    shuffled = fresh.take(pa.array(np.random.default_rng(3).permutation(fresh.num_rows)))
-    parts = [shuffled.slice(0, 40), shuffled.slice(40)]
-    assert decompose._in_input_order(kept, parts).equals(ordered) and not parts
-    everything = ordered.take(pa.array(np.random.default_rng(4).permutation(ordered.num_rows)))
-    assert decompose._in_input_order(kept.schema.empty_table(), [everything]).equals(ordered)

@@ -20,7 +20,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -33,8 +32,6 @@ from ..files import json_digest
 from ..graph import (
     edge_rows,
     entity_id,
-    fixed_width,
-    interleaved,
     merge_edges,
     nodes_from_mentions,
     normalize_name,
@@ -44,7 +41,6 @@ from ..graph import (
 )
 
 BATCH = 64
-INPUT_WIDTH = 51  # bytes of an `input_name`: a chunk id (graph.ID_WIDTH), a separator, a cache key of 32 hex digits
 ROWS_VERSION = 1  # of how units become rows: stored rows of another version are not reused
 OCCURRENCE_SCHEMA = pa.schema([
     ("input", pa.string()),  # `input_name`: the chunk and decomposition cache key the rows were derived from
@@ -142,33 +138,20 @@ def decompose_chunks(
     results = executor.map(rows_of_batch, batches, done)
     changed = None if previous is None else \
         tuple(pa.concat_tables([gone[i], *(r[i + 1] for r in results)]) for i in (0, 1))
-    occurrence_parts = [r[1] for r in results]
-    link_parts = [r[2] for r in results]
-    del results, batches  # the lists of parts alone hold the fresh rows now
-    return _in_input_order(kept_occurrences, occurrence_parts), _in_input_order(kept_links, link_parts), failures, \
+    occurrence_parts = [kept_occurrences, *(r[1] for r in results)]
+    link_parts = [kept_links, *(r[2] for r in results)]
+    del results, kept_occurrences, kept_links, batches  # the lists of parts alone hold the rows now
+    return _in_input_order(occurrence_parts), _in_input_order(link_parts), failures, \
         {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed
 
 
-def _in_input_order(kept: pa.Table, parts: list[pa.Table]) -> pa.Table:
-    """The `kept` rows (in order already: the last run's, filtered) and the rows of `parts` (the
-    fresh ones; emptied: this holds them alone) sorted by (input, seq), as `Table.sort_by` sorts
-    them. No input has rows in both, so the fresh rows, sorted, are placed among the kept ones by
-    their input (`INPUT_WIDTH` bytes: a merge on numpy byte strings, not a sort of every row: an
-    update's few fresh rows among millions). Else (a build, or inputs of another width) the whole
-    table is sorted one column at a time: the unsorted column is let go as its sorted copy is
-    made, so the rows are held about once, not twice (the tables of a large folder's mentions are
-    the decompose stage's largest)."""
-    fresh = pa.concat_tables(parts) if parts else kept.schema.empty_table()
+def _in_input_order(parts: list[pa.Table]) -> pa.Table:
+    """The rows of `parts` (emptied: this holds them alone) sorted by (input, seq), as
+    `Table.sort_by` sorts them, one column at a time: the unsorted column is let go as its sorted
+    copy is made, so the rows are held about once, not twice (the tables of a large folder's
+    mentions are the decompose stage's largest)."""
+    table = pa.concat_tables(parts)
     parts.clear()
-    keys = fixed_width(kept["input"], INPUT_WIDTH) if kept.num_rows else None
-    fresh_keys = fixed_width(fresh["input"], INPUT_WIDTH) if keys is not None else None
-    if fresh_keys is not None:
-        fresh = fresh.take(pc.sort_indices(fresh, sort_keys=[("input", "ascending"), ("seq", "ascending")]))
-        fresh_keys = fixed_width(fresh["input"], INPUT_WIDTH)
-        order = interleaved(kept.num_rows, np.searchsorted(keys, fresh_keys))
-        return pa.concat_tables([kept, fresh]).take(pa.array(order)).combine_chunks()
-    table = pa.concat_tables([kept, fresh])
-    del kept, fresh
     order = pc.sort_indices(table, sort_keys=[("input", "ascending"), ("seq", "ascending")])
     for position, name in enumerate(table.column_names):
         table = table.set_column(position, name, table[name].take(order))
