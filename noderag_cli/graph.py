@@ -233,8 +233,10 @@ def union_of_merged(tables: list[pa.Table]) -> pa.Table:
     are not of the common width)."""
     parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
     keys = [id_keys(t, ("source", "target")) for t in parts]
-    if not parts or any(k is None or (len(k) > 1 and not (k[1:] > k[:-1]).all()) for k in keys) or not all(
-            (fixed_width(t["source"]) < fixed_width(t["target"])).all() for t in parts):
+    if not parts or any(k is None or (len(k) > 1 and not (k[1:] > k[:-1]).all()) for k in keys):
+        return merge_edges(tables)
+    ends = [k.view(f"S{ID_WIDTH}").reshape(-1, 2) for k in keys]  # each key's source and target
+    if not all((e[:, 0] < e[:, 1]).all() for e in ends):
         return merge_edges(tables)
     kinds = pa.array(EDGE_KINDS, pa.string())
     found = [pc.index_in(t["kind"], value_set=kinds) for t in parts]
