@@ -99,7 +99,8 @@ def test_scores_do_not_depend_on_the_block(corpus):
     for rows in (np.array([7]), np.array([3, 200]), np.arange(0, len(vectors), 9)):
         assert np.array_equal(se.scores_against(grid, rows), full[rows])
     assert np.array_equal(full, full.T)
-    rows = np.arange(0, len(vectors), 5)  # a list's scores recomputed (the stored lists keep none): the same bits
+    rows = np.tile(np.arange(0, len(vectors), 5), 6)  # a list's scores recomputed (the stored lists keep
+    # none), over several blocks scored on threads: the same bits
     candidates = np.random.default_rng(3).integers(-1, len(vectors), (len(rows), 19))
     assert np.array_equal(se.exact_scores(grid, rows, candidates),
                           np.where(candidates >= 0, full[rows[:, None], np.maximum(candidates, 0)], -np.inf))

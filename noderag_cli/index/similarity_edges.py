@@ -81,10 +81,13 @@ def exact_scores(grid: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> 
     gives: the products of whole numbers, summed in any order, are whole numbers below 2^24."""
     out = np.full(candidates.shape, -np.inf, np.float32)
     step = PRUNE_BLOCK * max(1, 64 // max(candidates.shape[1], 1))  # gathered in small blocks, which stay in cache
-    for start in range(0, len(rows), step):
+
+    def block(start: int) -> None:  # the gathers are the cost (a row's candidates lie anywhere): one per core
         cols = candidates[start : start + step]
         dots = np.matmul(grid[np.maximum(cols, 0)], grid[rows[start : start + step], :, None])[:, :, 0]
         out[start : start + step] = np.where(cols >= 0, dots * np.float32(1 / QUANT**2), -np.inf)
+
+    in_parallel(block, list(range(0, len(rows), step)))
     return out
 
 
@@ -510,7 +513,9 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept):
     """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
     order, deleted ones dropped. Returns (reused rows, per row the first of its first k positions
-    whose candidate was deleted, k where none was)."""
+    whose candidate was deleted, k where none was). Lists of one length whose candidates all
+    still exist (most of them: an update deletes few nodes) are copied as rows of a matrix; only
+    the others are compacted entry by entry."""
     n = len(ids)
     at = pc.index_in(previous["id"], value_set=pa.array(ids, pa.string()))
     row, present = pc.fill_null(at, 0).to_numpy().astype(np.int64), pc.is_valid(at).to_numpy(zero_copy_only=False)
@@ -519,23 +524,35 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept
         return pc.list_flatten(previous[column].combine_chunks()).to_numpy(zero_copy_only=False)
 
     lengths = pc.list_value_length(previous["candidates"].combine_chunks()).to_numpy()
-    owner = np.repeat(np.arange(len(row)), lengths)
-    position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    named = flat("candidates")  # rows of `previous`
-    flat_rows, exists = row[named], present[named]
-    usable = present & (np.bincount(owner[exists], minlength=len(row)) >= k)
-    take = exists & usable[owner]
-    taken = np.bincount(owner[take], minlength=len(row))
-    slot = np.arange(int(take.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
-    target = row[owner[take]]
-    candidates[target, slot] = flat_rows[take]
-    kept[target, slot] = flat("kept")[take]
-    early = ~exists & (position < k)
-    lost_early = np.full(len(row), k, np.int64)
-    np.minimum.at(lost_early, owner[early], position[early])
+    named, flags = flat("candidates"), flat("kept")  # candidates as rows of `previous`
     reused, lost_at = np.zeros(n, bool), np.full(n, k, np.int64)
-    reused[row[usable]] = True
-    lost_at[row[usable]] = lost_early[usable]
+    lists = np.arange(len(row))  # the rows of `previous` compacted entry by entry
+    width = int(lengths[0]) if len(lengths) else 0
+    if len(lengths) and k <= width <= candidates.shape[1] and (lengths == width).all():
+        named, flags = named.reshape(-1, width), flags.reshape(-1, width)
+        intact = present & present[named].all(axis=1)
+        target = row[intact]
+        candidates[target, :width] = row[named[intact]]
+        kept[target, :width] = flags[intact]
+        reused[target] = True
+        lists = np.flatnonzero(~intact)
+        named, flags, lengths = named[lists].ravel(), flags[lists].ravel(), lengths[lists]
+    owner = np.repeat(np.arange(len(lists)), lengths)
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    flat_rows, exists = row[named], present[named]
+    usable = present[lists] & (np.bincount(owner[exists], minlength=len(lists)) >= k)
+    take = exists & usable[owner]
+    taken = np.bincount(owner[take], minlength=len(lists))
+    slot = np.arange(int(take.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
+    target = row[lists][owner[take]]
+    candidates[target, slot] = flat_rows[take]
+    kept[target, slot] = flags[take]
+    early = ~exists & (position < k)
+    lost_early = np.full(len(lists), k, np.int64)
+    np.minimum.at(lost_early, owner[early], position[early])
+    taken_rows = row[lists][usable]
+    reused[taken_rows] = True
+    lost_at[taken_rows] = lost_early[usable]
     return reused, lost_at
 
 
