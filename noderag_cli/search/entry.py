@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..graph import normalize_name
 from ..nlp import STOPWORDS
@@ -34,8 +35,23 @@ def _key_hash(words) -> int:
     """64 bits from CRC-32 and Adler-32 of the joined words: two C calls, a fifth of a
     cryptographic hash's cost per lookup. Matches are confirmed on the words themselves, so a
     collision only costs a comparison."""
-    data = KEY_SEPARATOR.join(words).encode("utf-8")
+    return _joined_hash(KEY_SEPARATOR.join(words))
+
+
+def _joined_hash(key: str) -> int:
+    data = key.encode("utf-8")
     return zlib.crc32(data) << 32 | zlib.adler32(data)
+
+
+def name_key(words: tuple[str, ...]) -> str:
+    """What the index stores of a name: its words joined by `KEY_SEPARATOR`; "" for a name it
+    leaves out (no words, or more than `MAX_NAME_WORDS`)."""
+    return KEY_SEPARATOR.join(words) if 0 < len(words) <= MAX_NAME_WORDS else ""
+
+
+def key_hashes(keys: list[str]) -> np.ndarray:
+    """The hash of each joined key (`name_key`), as the index sorts and looks them up."""
+    return np.fromiter((_joined_hash(key) for key in keys), np.uint64, len(keys))
 
 
 def _hashes(items) -> np.ndarray:
@@ -57,35 +73,43 @@ class NameIndex:
         self._keys = keys  # "\x1f"-joined word sequences, in hash order
 
     @staticmethod
-    def arrays(words_of: list[tuple[str, ...]], rows: np.ndarray) -> tuple[dict[str, np.ndarray], pa.Array]:
-        """The index of the names whose words (`name_words`) are `words_of`, one per row of `rows`:
-        its arrays and its key strings. A name of no words or of more than `MAX_NAME_WORDS` is left out."""
-        by_words: dict[tuple[str, ...], list[int]] = {}
-        for words, row in zip(words_of, rows.tolist(), strict=True):
-            if words and len(words) <= MAX_NAME_WORDS:
-                by_words.setdefault(words, []).append(row)
-        keys = list(by_words)
-        hashes = _hashes(keys)
-        order = np.lexsort((np.arange(len(keys)), hashes))
-        ordered = [keys[i] for i in order.tolist()]
-        lists = [by_words[k] for k in ordered]
-        longest: dict[str, int] = {}
-        for words in keys:
-            longest[words[0]] = max(longest.get(words[0], 0), len(words))
-        firsts = list(longest)
-        first_hash = _hashes(firsts)
+    def arrays(keys: pa.Array, hashes: np.ndarray, rows: np.ndarray) -> tuple[dict[str, np.ndarray], pa.Array]:
+        """The index of names given as their `name_key`s, one per row of `rows` (ascending), with
+        their `key_hashes`: its arrays and its key strings. A key of "" is left out. Grouped on
+        Arrow's dictionary encoding (distinct keys in the order they first occur), so only the
+        first words' hashes are computed here: a build's half a million names, and an update's
+        names taken from the earlier build with their hashes, cost no Python loop per name."""
+        keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+        present = np.flatnonzero(pc.fill_null(pc.not_equal(keys, ""), False).to_numpy(zero_copy_only=False))
+        encoded = pc.dictionary_encode(keys.take(pa.array(present, pa.int64())))
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        distinct_keys = encoded.dictionary
+        count = len(distinct_keys)
+        first_seen = np.unique(codes, return_index=True)[1]  # every code occurs: the dictionary's order
+        hashes = np.asarray(hashes, np.uint64)[present][first_seen]
+        order = np.lexsort((np.arange(count), hashes))  # by hash; a collision by first occurrence
+        rank = np.empty(count, np.int64)
+        rank[order] = np.arange(count)
+        members = np.argsort(rank[codes], kind="stable")  # each name's rows ascending, as given
+        firsts = pc.list_element(pc.split_pattern(distinct_keys, KEY_SEPARATOR, max_splits=1), 0)
+        words = pc.count_substring(distinct_keys, KEY_SEPARATOR).to_numpy(zero_copy_only=False) + 1
+        first = pc.dictionary_encode(firsts)
+        longest = np.zeros(len(first.dictionary), np.int64)
+        np.maximum.at(longest, first.indices.to_numpy(zero_copy_only=False), words)
+        first_hash = key_hashes(first.dictionary.to_pylist())
         first_order = np.argsort(first_hash, kind="stable")
         return {
             "name_hash": hashes[order],
-            "name_indptr": np.r_[0, np.cumsum([len(r) for r in lists], dtype=np.int64)].astype(np.int64),
-            "name_rows": np.fromiter((r for rs in lists for r in rs), np.int64),
+            "name_indptr": np.r_[0, np.cumsum(np.bincount(codes, minlength=count)[order])].astype(np.int64),
+            "name_rows": np.asarray(rows, np.int64)[present][members],
             "first_hash": first_hash[first_order],
-            "first_longest": np.asarray([longest[firsts[i]] for i in first_order.tolist()], np.int16),
-        }, pa.array([KEY_SEPARATOR.join(k) for k in ordered], pa.string())
+            "first_longest": longest[first_order].astype(np.int16),
+        }, distinct_keys.take(pa.array(order, pa.int64())).cast(pa.string())
 
     @classmethod
     def build(cls, names: list[str], rows: np.ndarray) -> NameIndex:
-        return cls(*cls.arrays([name_words(name) for name in names], rows))
+        keys = [name_key(name_words(name)) for name in names]
+        return cls(*cls.arrays(pa.array(keys, pa.string()), key_hashes(keys), rows))
 
     def _lookup(self, grams: list[tuple[str, ...]]) -> dict[tuple[str, ...], list[int]]:
         """Rows of every gram that is a name, in one binary search of the hash array for all."""

@@ -43,7 +43,7 @@ from ..errors import DamagedError
 from ..graph import csr_entries, distinct, per_entry, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
-from .entry import KEY_SEPARATOR, NameIndex, name_words
+from .entry import NameIndex, key_hashes, name_key, name_words
 from .ppr import WalkMatrix
 
 VERSION = 9  # of these structures' definition; a build of another is rebuilt
@@ -309,11 +309,12 @@ class EarlierText:
     value_kinds: np.ndarray
     name_key: np.ndarray  # per node, its name's position in name_keys, or -1
     name_keys: pa.Array
+    name_hash: np.ndarray  # per position in name_keys, its hash (`entry.key_hashes`)
     cluster_centroids: np.ndarray | None = None  # the vector side's, when the build has clusters
     cluster_of: np.ndarray | None = None  # per node, its vector's cluster among them, or -1
 
     FILES = ("nodes.parquet", "node_text.arrow", "key_indptr.npy", "key_ids.npy", "value_kinds.npy",
-             "name_indptr.npy", "name_rows.npy", "name_keys.arrow")
+             "name_indptr.npy", "name_rows.npy", "name_keys.arrow", "name_hash.npy")
     CLUSTER_FILES = ("cluster_centroids.npy", "cluster_indptr.npy", "cluster_rows.npy", "node_of_vector.npy")
 
     @classmethod
@@ -334,6 +335,7 @@ class EarlierText:
             indptr, rows = generation.array("name_indptr"), generation.array("name_rows")
             keys = [generation.array(name) for name in ("key_indptr", "key_ids", "value_kinds")]
             name_keys = generation.arrow("name_keys")["key"].combine_chunks()
+            name_hash = generation.array("name_hash")
             clustered = [generation.array(file.removesuffix(".npy")) for file in files if file in cls.CLUSTER_FILES]
         except DamagedError:  # a file its manifest does not list
             return None
@@ -345,7 +347,7 @@ class EarlierText:
             cluster_of = np.full(nodes.num_rows, -1, np.int64)
             cluster_of[node_of_vector[members]] = np.repeat(np.arange(len(centroids)), np.diff(cluster_indptr))
         return cls(nodes["id"].combine_chunks(), _derived_from(nodes["type"], nodes["name"], text), *keys,
-                   name_key, name_keys, centroids, cluster_of)
+                   name_key, name_keys, name_hash, centroids, cluster_of)
 
     def clusters_of(self, rows: np.ndarray, centroids: np.ndarray) -> np.ndarray:
         """Per earlier row (-1: none), the cluster its vector was in when the earlier build's vector
@@ -413,17 +415,22 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     arrays["value_kinds"] = kinds
 
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
-    words_of: list[tuple[str, ...]] = [()] * len(named)
-    new_names = (text for texts in texts_of(named[fresh[named]]) for text in texts)
-    for i, text in zip(np.flatnonzero(fresh[named]).tolist(), new_names, strict=True):
-        words_of[i] = name_words(text)
-    if earlier is not None:
+    keys: list[str] = [""] * len(named)  # per named node, its `name_key`
+    hashes = np.zeros(len(named), np.uint64)
+    new_at = np.flatnonzero(fresh[named])
+    new_names = (text for texts in texts_of(named[new_at]) for text in texts)
+    new_keys = [name_key(name_words(text)) for text in new_names]
+    for i, key in zip(new_at.tolist(), new_keys, strict=True):
+        keys[i] = key
+    hashes[new_at] = key_hashes(new_keys)
+    if earlier is not None:  # the earlier build's keys and hashes, as stored
         kept = np.flatnonzero(~fresh[named])
         positions = earlier.name_key[earlier_row[named[kept]]]
-        keys = earlier.name_keys.take(pa.array(np.maximum(positions, 0))).to_pylist()
-        for i, position, key in zip(kept.tolist(), positions.tolist(), keys, strict=True):
-            words_of[i] = tuple(key.split(KEY_SEPARATOR)) if position >= 0 else ()
-    names, keys = NameIndex.arrays(words_of, named)
+        stored = earlier.name_keys.take(pa.array(np.maximum(positions, 0))).to_pylist()
+        for i, position, key in zip(kept.tolist(), positions.tolist(), stored, strict=True):
+            keys[i] = key if position >= 0 else ""
+        hashes[kept] = earlier.name_hash[np.maximum(positions, 0)]
+    names, keys = NameIndex.arrays(pa.array(keys, pa.string()), hashes, named)
     arrays.update(names)
     tables["name_keys"] = pa.table({"key": keys})
     return arrays, tables, {"sentence_keys": int(len(distinct(key_ids))), "key_ids": KEY_IDS}
