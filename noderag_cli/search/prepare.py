@@ -183,12 +183,17 @@ def int8_codes(vectors: np.ndarray) -> tuple[np.ndarray, float]:
 def int8_code_rows(vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """`int8_codes(vectors[rows])`'s codes as int8, a block of rows at a time: only the codes are
     held whole (`vectors` may be a build's mapped half-precision rows)."""
-    blocks = [rows[start : start + ivf.BLOCK] for start in range(0, len(rows), ivf.BLOCK)]
-    largest = max((float(np.abs(vectors[block]).max(initial=0.0)) for block in blocks), default=0.0)
+    starts = list(range(0, len(rows), ivf.BLOCK))
+    largest = max(ivf.in_parallel(lambda start: float(np.abs(vectors[rows[start : start + ivf.BLOCK]]).max(initial=0.0)),
+                                  starts), default=0.0)
     scale = np.float32(127.0 / max(largest, 1e-12))
     codes = np.empty((len(rows), vectors.shape[1]), np.int8)
-    for start, block in zip(range(0, len(rows), ivf.BLOCK), blocks, strict=True):
+
+    def fill(start: int) -> None:  # elementwise: the same codes whichever thread does a block
+        block = rows[start : start + ivf.BLOCK]
         codes[start : start + len(block)] = np.rint(np.asarray(vectors[block], np.float32) * scale)
+
+    ivf.in_parallel(fill, starts)
     return codes
 
 
