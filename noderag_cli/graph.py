@@ -186,6 +186,48 @@ def fixed_width(column: pa.Array | pa.ChunkedArray, width: int = ID_WIDTH) -> np
     return np.frombuffer(column.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].view(f"S{width}")
 
 
+_HEX_VALUE = np.full(256, 255, np.uint8)  # by byte: its value as a lower-case hex digit, else 255
+_HEX_VALUE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def hex_ids(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per `<letter>_<16 hex>` node id, its letter's byte and its 16 hex digits as a uint64, read
+    from the column's bytes in place (`fixed_width`); None unless every id is of that form. In
+    that pair the ids sort as their strings do: by letter, then by the number."""
+    text = fixed_width(column)
+    if text is None:
+        return None
+    raw = text.view(np.uint8).reshape(-1, ID_WIDTH)
+    nibbles = _HEX_VALUE[raw[:, 2:]]
+    if (raw[:, 1] != ord("_")).any() or (nibbles > 15).any():
+        return None
+    packed = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]  # (n, 8) bytes, most significant first
+    return raw[:, 0].copy(), np.ascontiguousarray(packed).view(">u8").ravel().astype(np.uint64)
+
+
+def rows_in(ids: pa.Array | pa.ChunkedArray, wanted: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """Per id of `wanted`, its row in `ids` (node ids, sorted, distinct), -1 where it is not there:
+    a binary search of numbers within each type's rows instead of a hash table of strings (a
+    build's millions of ids: less time, and no table of them all in memory). None unless both are
+    `hex_ids` and `ids` is sorted and distinct; then hashing strings (`pc.index_in`) is the way."""
+    have, want = hex_ids(ids), hex_ids(wanted)
+    if have is None or want is None:
+        return None
+    letters, numbers = have
+    step = np.diff(letters.astype(np.int16))
+    if (step < 0).any() or ((step == 0) & (numbers[1:] <= numbers[:-1])).any():
+        return None
+    rows = np.full(len(want[0]), -1, np.int64)
+    for letter in np.flatnonzero(np.bincount(want[0], minlength=256)):  # the types: a handful
+        low, high = np.searchsorted(letters, letter, "left"), np.searchsorted(letters, letter, "right")
+        at = np.flatnonzero(want[0] == letter)
+        place = np.searchsorted(numbers[low:high], want[1][at])
+        found = place < high - low
+        found[found] = numbers[low:high][place[found]] == want[1][at][found]
+        rows[at[found]] = low + place[found]
+    return rows
+
+
 def id_keys(table: pa.Table, key: tuple[str, ...]) -> np.ndarray | None:
     """Per row, the bytes of its id columns `key` one after the other (numpy byte strings, which
     sort as Arrow sorts the columns one after the other), or None unless every id has the common
@@ -297,12 +339,13 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     from (int64: entry k is edge `order[k]` of the table, seen from its source when below the
     table's length, else edge `order[k]` - length seen from its target)."""
     n = len(id_column)
-    src = pc.index_in(edges["source"], value_set=id_column)
-    dst = pc.index_in(edges["target"], value_set=id_column)
-    if src.null_count or dst.null_count:
+    src, dst = rows_in(id_column, edges["source"]), rows_in(id_column, edges["target"])
+    if src is None or dst is None:  # ids of another form, or nodes not sorted by id
+        src, dst = (pc.fill_null(pc.index_in(edges[end], value_set=id_column), -1).to_numpy(zero_copy_only=False)
+                    for end in ("source", "target"))
+    if (src < 0).any() or (dst < 0).any():
         raise ValueError("edge table names a node that is not in the node table")
-    src = src.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)  # rows, as index_in gives them
-    dst = dst.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    src, dst = src.astype(np.int32), dst.astype(np.int32)
     rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
     # each graph-wide temporary is let go once its copy is made: at a million passages each is
     # hundreds of megabytes

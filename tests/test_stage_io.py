@@ -101,3 +101,36 @@ def test_stage_edge_tables_merge_as_sorted_tables_into_merge_edges_bytes():
     longer = rows([(node(1) + "x", node(2))], "S-N")
     for tables in ([similar, unsorted], [similar, longer]):
         assert parquet_bytes(union_of_merged(tables)) == parquet_bytes(merge_edges(tables))
+
+
+def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_finds_them():
+    """`graph.rows_in` (how the graph-wide stages turn edge ends into node rows): the same rows as
+    Arrow's `index_in` of the strings, -1 for an id the nodes lack, across types whose numbers
+    overlap; and None (the caller then hashes the strings) for nodes not sorted by id or ids of
+    another form. `csr_entries` gives the same arrays either way."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from noderag_cli.graph import csr_entries, rows_in
+
+    rng = np.random.default_rng(4)
+    numbers = rng.integers(0, 2**63, 300, dtype=np.uint64)
+    ids = sorted({f"{letter}_{int(value):016x}" for letter in "NST" for value in numbers[:120]} |
+                 {f"S_{int(value):016x}" for value in numbers[120:]})
+    column = pa.array(ids)
+    wanted = pa.array([ids[i] for i in rng.integers(0, len(ids), 500)] + ["R_" + ids[0][2:], "N_" + "f" * 16])
+    expected = pc.fill_null(pc.index_in(wanted, value_set=column), -1).to_numpy(zero_copy_only=False)
+    assert np.array_equal(rows_in(column, wanted), expected) and (expected[-2:] == -1).all()
+    assert rows_in(pa.array(ids[::-1]), wanted) is None  # not sorted
+    assert rows_in(pa.array(ids[:-1] + ["S_" + "g" * 16]), wanted) is None  # not hex
+    assert rows_in(column, pa.array(["S_1"])) is None  # another width
+    edges = pa.table({"source": pa.array([ids[0], ids[5], ids[9]]), "target": pa.array([ids[3], ids[2], ids[0]]),
+                      "weight": pa.array([1.0, 2.0, 3.0], pa.float32())})
+    shuffled = pa.array(ids[1:] + ids[:1])  # not sorted: the strings are hashed
+    by_number = csr_entries(column, edges)
+    by_string = csr_entries(shuffled, edges)
+    order = pc.index_in(shuffled, value_set=column).to_numpy()  # row of each shuffled node in `column`
+    assert np.array_equal(np.diff(by_number[0])[order], np.diff(by_string[0]))
+    with pytest.raises(ValueError, match="not in the node table"):
+        csr_entries(pa.array(ids[1:]), edges)

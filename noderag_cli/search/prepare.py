@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .. import ivf, nlp
 from ..errors import DamagedError
-from ..graph import csr_entries, distinct, per_entry, row_entries
+from ..graph import csr_entries, distinct, hex_ids, per_entry, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import NameIndex, key_hashes, name_key, name_words
@@ -128,29 +128,16 @@ def walk_matrix(parts: EdgeParts, weight: float) -> WalkMatrix:
     return WalkMatrix.from_csr(adjacency.indptr, adjacency.indices, adjacency.data)
 
 
-_HEX_VALUE = np.full(256, 255, np.uint8)  # by byte: its value as a lower-case hex digit, else 255
-_HEX_VALUE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
 _LETTER_BYTES = np.frombuffer("".join(TYPE_LETTERS).encode(), np.uint8)  # by type code
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray, codes: np.ndarray) -> np.ndarray:
     """The hex part of each `<type>_<16 hex>` id as a uint64 (`node_ids` gives the id back): half the
-    bytes of the strings, in a file the query maps. Read from the ids' bytes in place: every id of
-    that form is 18 bytes, so the column's data is an (n, 18) byte matrix."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    n = len(ids)
-    if ids.null_count or (n and not pc.all(pc.equal(pc.binary_length(ids), 18)).as_py()):
+    bytes of the strings, in a file the query maps (`graph.hex_ids`, checked against the types)."""
+    parsed = hex_ids(ids)
+    if parsed is None or not (parsed[0] == _LETTER_BYTES[codes]).all():
         raise ValueError("node ids that are not <type>_<16 hex>")
-    ids = ids.cast(pa.string())
-    offsets = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4)
-    data = np.frombuffer(ids.buffers()[2], np.uint8, 18 * n, int(offsets[0])) if n else np.zeros(0, np.uint8)
-    text = data.reshape(n, 18)
-    nibbles = _HEX_VALUE[text[:, 2:]]
-    typed = text[:, 0] == _LETTER_BYTES[codes]
-    if not (typed.all() and (text[:, 1] == ord("_")).all() and (nibbles < 16).all()):
-        raise ValueError("node ids that are not <type>_<16 hex>")
-    packed = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]  # (n, 8) bytes, most significant first
-    return np.ascontiguousarray(packed).view(">u8").ravel().astype(np.uint64)
+    return parsed[1]
 
 
 def node_ids(hashes: np.ndarray, codes: np.ndarray) -> list[str]:
