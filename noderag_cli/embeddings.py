@@ -233,15 +233,16 @@ class Embedder:
     def cache_key(self, text: str) -> str:
         return hashlib.blake2b(f"{self._computed_id}\x1f{text}".encode(), digest_size=16).hexdigest()
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 vectors on the stored (half-precision) grid, one row per text: from this embedder's memory (the stages
-        of one run ask for the same texts, and an update's unchanged nodes come with the last
-        build's vectors), else computed (`embed_ahead`)."""
+    def embed(self, texts: list[str], dtype=np.float32) -> np.ndarray:
+        """L2-normalised vectors on the stored (half-precision) grid, one row per text, as `dtype`
+        (float32, or STORED_DTYPE: the rows as held, half the memory): from this embedder's memory
+        (the stages of one run ask for the same texts, and an update's unchanged nodes come with
+        the last build's vectors), else computed (`embed_ahead`)."""
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=dtype)
         self.embed_ahead(texts)
         memo = self._memo
-        return np.stack([memo[t] for t in texts]).astype(np.float32)
+        return np.stack([memo[t] for t in texts]).astype(dtype, copy=False)
 
     def embed_ahead(self, texts: list[str]) -> None:
         """The vectors of `texts` into this embedder's memory, none returned: for a stage that has

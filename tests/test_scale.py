@@ -616,3 +616,25 @@ def test_spilling_onto_a_full_disk_is_an_error_not_a_crash(tmp_path):
         spill.close()
     finally:
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def test_kmeans_trains_on_faiss_own_sample_from_half_precision_rows():
+    """Past 256 points per centroid (65,536 vectors) the semantic matching's K-means trains on the
+    sample faiss itself draws (`faiss.rand_perm` with the seed), the only rows widened to float32
+    with a block at a time for the labels: the centroids and labels of faiss given every vector
+    in float32 (it samples the same points), from the half-precision rows the embedder holds."""
+    import faiss
+
+    from noderag_cli.index.communities import KMEANS_SAMPLE, kmeans_labels
+
+    rng = np.random.default_rng(8)
+    vectors = rng.standard_normal((70_000, 8)).astype(np.float32)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float16)
+    labels, centroids = kmeans_labels(vectors, seed=5)
+    k = 265  # ceil(sqrt(70,000)): 67,840 training points of 70,000
+    assert centroids.shape == (k, 8) and k * KMEANS_SAMPLE < len(vectors)
+    every = faiss.Kmeans(8, k, niter=20, seed=5, spherical=True, min_points_per_centroid=1,
+                         max_points_per_centroid=KMEANS_SAMPLE)
+    every.train(vectors.astype(np.float32))
+    assert np.array_equal(centroids, every.centroids)
+    assert np.array_equal(labels, every.index.search(vectors.astype(np.float32), 1)[1].ravel())

@@ -25,6 +25,7 @@ from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Element, Engine, Failure
 from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id, row_entries
+from ..ivf import STORED_DTYPE
 from ..node_types import COMMUNITY_CONTENT_TYPES
 from . import summaries
 from .anchor import SEMANTIC_CENTROIDS, Anchor, centroids_table, summaries_table, text_hash
@@ -121,28 +122,41 @@ def anchored(graph: Graph, anchor_ids: pa.Array, anchor_labels: np.ndarray, seed
     return labels.astype(np.int32)
 
 
+KMEANS_SAMPLE = 256  # training points per centroid: faiss's default, which it samples itself beyond
+ASSIGN_BLOCK = 65_536  # vectors widened to float32 and assigned at a time
+
+
 def kmeans_labels(vectors: np.ndarray, seed: int, centroids: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray | None]:
     """Cluster of each vector, and the centroids: seeded spherical K-means, K = ceil(sqrt(n)). faiss
     splits each update's centroids among its threads, each summing its centroids' points in point
     order, so the clusters do not depend on the number of threads. Trained on at most 256 points
-    per centroid (faiss's seeded sample, its default): every point up to 65,536 vectors, where K x
-    256 reaches n; beyond, training on all of them grew as n^1.5 for centroids no better. With an
-    anchor's `centroids` (an incremental update) nothing is trained: each vector joins its nearest,
-    as the trained ones are assigned, so an unchanged vector keeps its cluster."""
+    per centroid: every point up to 65,536 vectors, where K x 256 reaches n; beyond, faiss's own
+    seeded sample (`faiss.rand_perm`, as its training draws it: the same centroids), and training
+    on all of them grew as n^1.5 for centroids no better. Only that sample and a block of vectors
+    at a time are widened to float32 (`vectors` may be the half-precision rows the embedder holds:
+    a float32 copy of every unit's vector was the stage's largest array). With an anchor's
+    `centroids` (an incremental update) nothing is trained: each vector joins its nearest, as the
+    trained ones are assigned, so an unchanged vector keeps its cluster."""
     n = len(vectors)
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if centroids is None:
         k = max(1, math.ceil(math.sqrt(n)))
         if n <= k:
             return np.arange(n, dtype=np.int64), None
         km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, min_points_per_centroid=1,
-                          max_points_per_centroid=256)
-        km.train(vectors)
-        return km.index.search(vectors, 1)[1].ravel(), km.centroids
+                          max_points_per_centroid=KMEANS_SAMPLE)
+        sample = np.arange(n)
+        if n > k * KMEANS_SAMPLE:
+            order = np.empty(n, np.int32)
+            faiss.rand_perm(faiss.swig_ptr(order), n, seed)
+            sample = order[: k * KMEANS_SAMPLE]
+        km.train(np.asarray(vectors[sample], np.float32))
+        centroids = km.centroids
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(np.ascontiguousarray(centroids, dtype=np.float32))
-    return index.search(vectors, 1)[1].ravel(), centroids
+    labels = [index.search(np.asarray(vectors[start : start + ASSIGN_BLOCK], np.float32), 1)[1].ravel()
+              for start in range(0, n, ASSIGN_BLOCK)]
+    return np.concatenate(labels) if labels else np.zeros(0, np.int64), centroids
 
 
 def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_tokens: int,
@@ -249,7 +263,7 @@ def run(
     h_ids = [i for i in new_nodes["id"].to_pylist() if i.startswith("H_")]
     h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
     pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
-    pool_vectors = embedder.embed(texts + [h_texts[h] for h in h_ids])
+    pool_vectors = embedder.embed(texts + [h_texts[h] for h in h_ids], STORED_DTYPE)  # as held: half precision
     kept_centroids = anchor.centroids(SEMANTIC_CENTROIDS, embedder.model_id, embedder.dim) if anchor else None
     clusters, centroids = kmeans_labels(pool_vectors, seed, kept_centroids) if len(pool_ids) else \
         (np.zeros(0, np.int64), None)
