@@ -185,6 +185,86 @@ def check_embedding(workspace, recorded: str | None, wanted: str) -> None:
                              f"for {wanted}: search it with its own model, or index into a new workspace for another")
 
 
+MEMORY_BLOCK = 65_536  # rows of a block of an embedder's memory
+
+
+class VectorMemory:
+    """An embedder's vectors by text, in half precision: a sorted array of 16-byte digests of the
+    texts with each one's row, and the rows in blocks of `MEMORY_BLOCK` (a block given whole, as
+    the last build's mapped vectors, is held as given). A dict of the texts to a numpy row each
+    took about 900 bytes a vector besides its 512 and kept every text alive: at a million
+    passages' five million vectors, some 2 GB more. Digests added since the last look-up are
+    merged in at the next one (a stage adds a batch at a time and looks up once)."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.clear()
+
+    def clear(self) -> None:
+        self._keys = np.zeros(0, "S16")  # sorted
+        self._rows = np.zeros(0, np.int64)  # per key, its row
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._blocks: list[np.ndarray] = []
+        self._starts: list[int] = []  # the first row of each block
+        self._open = 0  # rows free at the end of the last block (0: it is full, or one given whole)
+        self.size = 0
+
+    @staticmethod
+    def digests(texts: list[str]) -> np.ndarray:
+        return np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+                                      for t in texts), "S16")
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Per digest, its row, -1 where none is held."""
+        if self._pending:
+            keys_, rows = zip(*self._pending, strict=True)
+            merged = np.concatenate([self._keys, *keys_])
+            order = np.argsort(merged, kind="stable")
+            self._keys, self._rows = merged[order], np.concatenate([self._rows, *rows])[order]
+            self._pending = []
+        if not len(self._keys):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return np.where(self._keys[at] == keys, self._rows[at], -1)
+
+    def add(self, keys: np.ndarray, vectors: np.ndarray, whole: bool = False) -> None:
+        """Hold `vectors` for the distinct `keys` (none held yet); `whole`: as one block as given
+        (a mapped file stays mapped), else copied into blocks."""
+        vectors = np.asarray(vectors).astype(STORED_DTYPE, copy=False)
+        self._pending.append((keys, self.size + np.arange(len(keys), dtype=np.int64)))
+        if whole:
+            self._blocks.append(vectors)
+            self._starts.append(self.size)
+            self._open = 0
+            self.size += len(vectors)
+            return
+        done = 0
+        while done < len(vectors):
+            if not self._open:
+                self._blocks.append(np.empty((MEMORY_BLOCK, self.dim), STORED_DTYPE))
+                self._starts.append(self.size)
+                self._open = MEMORY_BLOCK
+            block, used = self._blocks[-1], MEMORY_BLOCK - self._open
+            part = vectors[done : done + self._open]
+            block[used : used + len(part)] = part
+            self._open -= len(part)
+            done += len(part)
+            self.size += len(part)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of `rows`, stacked."""
+        out = np.empty((len(rows), self.dim), STORED_DTYPE)
+        starts = np.asarray(self._starts, np.int64)
+        block = np.searchsorted(starts, rows, "right") - 1
+        order = np.argsort(block, kind="stable")
+        bounds = np.searchsorted(block[order], np.arange(len(starts) + 1))
+        for number, (low, high) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            if high > low:
+                picked = order[low:high]
+                out[picked] = self._blocks[number][rows[picked] - starts[number]]
+        return out
+
+
 class Embedder:
     def __init__(self, config: EmbeddingConfig, cache: Cache | None = None, executor: Executor | None = None,
                  cap=None):
@@ -196,9 +276,8 @@ class Embedder:
         # what a model's reply is cached under: the model and, for the bundled one, how it is pooled
         self._computed_id = f"{self.model_id}:{POOLING}" if config.backend == "wordllama" else self.model_id
         self.vector_id = f"{self._computed_id}:{STORED}"  # what decides the bits of a vector embed() returns
-        # text -> vector, for the life of this embedder, in the half precision the vectors are on
-        # (exact: half the memory of a build's every unit and chunk vector, held until the embed stage)
-        self._memo: dict[str, np.ndarray] = {}
+        # the vectors of this run's texts, in the half precision they are on (exact), until the embed stage
+        self._memory = VectorMemory(config.dim)
         self._transport = None  # to a model behind litellm, made on its first request
         self.cap = cap
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
@@ -223,12 +302,18 @@ class Embedder:
 
     def forget(self) -> None:
         """Let go of the vectors in memory (once the embed stage has written them all)."""
-        self._memo.clear()
+        self._memory.clear()
 
     def remember(self, texts: list[str], vectors: np.ndarray) -> None:
         """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
         are not looked up in the cache again."""
-        self._memo.update(zip(texts, np.asarray(vectors).astype(STORED_DTYPE, copy=False), strict=True))
+        keys = VectorMemory.digests(texts)
+        distinct_keys, first = np.unique(keys, return_index=True)
+        first = np.sort(first[self._memory.find(distinct_keys) < 0])  # each text not held yet, once
+        if len(first) == len(keys):
+            self._memory.add(keys, vectors, whole=True)  # as given: a mapped file stays mapped
+        elif len(first):
+            self._memory.add(keys[first], np.asarray(vectors)[first])
 
     def cache_key(self, text: str) -> str:
         return hashlib.blake2b(f"{self._computed_id}\x1f{text}".encode(), digest_size=16).hexdigest()
@@ -240,40 +325,48 @@ class Embedder:
         the last build's vectors), else computed (`embed_ahead`)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=dtype)
-        self.embed_ahead(texts)
-        memo = self._memo
-        return np.stack([memo[t] for t in texts]).astype(dtype, copy=False)
+        keys = self.embed_ahead(texts)
+        return self._memory.take(self._memory.find(keys)).astype(dtype, copy=False)
 
-    def embed_ahead(self, texts: list[str]) -> None:
-        """The vectors of `texts` into this embedder's memory, none returned: for a stage that has
-        the texts at hand before a later one asks for them (a build's every unit and chunk would
-        otherwise be copied into one float32 array, 1 GB at 200,000 passages, only to be dropped).
+    def embed_ahead(self, texts: list[str]) -> np.ndarray:
+        """The vectors of `texts` into this embedder's memory (their digests returned, which
+        `embed` looks them up by): for a stage that has the texts at hand before a later one asks
+        for them (a build's every unit and chunk would otherwise be copied into one float32 array,
+        1 GB at 200,000 passages, only to be dropped).
         The bundled model's vectors are computed on the executor's workers and never cached: they
         cost less to compute than to read back, and the build holds them once. A model behind
         litellm is paid per call: its vectors go through the workspace cache."""
         if self.cache is not None and self.cache.recording and self.config.backend != "wordllama":
             self.cache.touch(EMBEDDING, map(self.cache_key, dict.fromkeys(texts)))  # memory's too: still needed
-        missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        keys = VectorMemory.digests(texts)
+        absent = np.flatnonzero(self._memory.find(keys) < 0)
+        at = absent[np.sort(np.unique(keys[absent], return_index=True)[1])]  # each text once, in order
+        missing = [texts[i] for i in at.tolist()]
+        missing_keys = keys[at]
         if missing and self.config.backend == "wordllama":
             batches = [(self.config, missing[i : i + EMBED_BATCH]) for i in range(0, len(missing), EMBED_BATCH)]
-            for (_, part), vectors in zip(batches, (self.executor or Executor()).map(embed_bundled, batches),
-                                          strict=True):
-                self._memo.update(zip(part, vectors, strict=True))
+            for start, vectors in zip(range(0, len(missing), EMBED_BATCH),
+                                      (self.executor or Executor()).map(embed_bundled, batches), strict=True):
+                self._memory.add(missing_keys[start : start + EMBED_BATCH], vectors)
             self.computed += len(missing)
         elif missing:
-            keys = [self.cache_key(t) for t in missing]
-            found = self.cache.get_many(EMBEDDING, keys) if self.cache else {}
-            fresh = []
-            for text, key in zip(missing, keys, strict=True):
+            cache_keys = [self.cache_key(t) for t in missing]
+            found = self.cache.get_many(EMBEDDING, cache_keys) if self.cache else {}
+            fresh, held, blobs = [], [], []
+            for position, (text, key) in enumerate(zip(missing, cache_keys, strict=True)):
                 blob = found.get(key)
                 if blob is None:
-                    fresh.append((text, key))
+                    fresh.append((text, key, position))
                 else:
-                    self._memo[text] = np.frombuffer(blob, dtype=np.float32).astype(STORED_DTYPE)  # cached before rounding
+                    held.append(position)
+                    blobs.append(blob)
+            if held:  # cached before rounding
+                self._memory.add(missing_keys[held], np.frombuffer(b"".join(blobs), np.float32).reshape(len(held), -1))
             for start in range(0, len(fresh), EMBED_BATCH):
                 part = fresh[start : start + EMBED_BATCH]
-                vectors = normalised(self._compute([text for text, _ in part]))
+                vectors = normalised(self._compute([text for text, _, _ in part]))
                 self.computed += len(part)
-                self._memo.update(zip([text for text, _ in part], vectors.astype(STORED_DTYPE), strict=True))
+                self._memory.add(missing_keys[[position for _, _, position in part]], vectors.astype(STORED_DTYPE))
                 if self.cache:
-                    self.cache.put_many(EMBEDDING, [(key, v.tobytes()) for (_, key), v in zip(part, vectors, strict=True)])
+                    self.cache.put_many(EMBEDDING, [(key, v.tobytes()) for (_, key, _), v in zip(part, vectors, strict=True)])
+        return keys

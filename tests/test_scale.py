@@ -638,3 +638,37 @@ def test_kmeans_trains_on_faiss_own_sample_from_half_precision_rows():
     every.train(vectors.astype(np.float32))
     assert np.array_equal(centroids, every.centroids)
     assert np.array_equal(labels, every.index.search(vectors.astype(np.float32), 1)[1].ravel())
+
+
+def test_the_embedders_memory_holds_vectors_by_digest_in_blocks(monkeypatch):
+    """`embeddings.VectorMemory`: rows copied into blocks (here of 7 rows, so additions span
+    them) or held as given, found by the digest of their text wherever they lie, -1 for a text
+    not held; and an embedder built on it gives the vectors it computes alone, for texts asked
+    again, repeated, or taken from an earlier build (`remember`, a text two nodes share once)."""
+    from noderag_cli import embeddings
+    from noderag_cli.config import EmbeddingConfig
+
+    monkeypatch.setattr(embeddings, "MEMORY_BLOCK", 7)
+    memory = embeddings.VectorMemory(4)
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((30, 4)).astype(np.float16)
+    texts = [f"text {i}" for i in range(30)]
+    keys = embeddings.VectorMemory.digests(texts)
+    memory.add(keys[:5], vectors[:5])
+    memory.add(keys[5:12], vectors[5:12], whole=True)
+    memory.add(keys[12:30], vectors[12:30])
+    assert memory.size == 30 and len(memory._blocks) == 1 + 1 + 3
+    rows = memory.find(keys[::-1])
+    assert np.array_equal(memory.take(rows), vectors[::-1])
+    assert (memory.find(embeddings.VectorMemory.digests(["text 30", ""])) == -1).all()
+
+    alone = embeddings.Embedder(EmbeddingConfig())
+    asked = ["a river mill", "the granite chapel", "a river mill", "harbour"]
+    expected = np.stack([alone.embed([text])[0] for text in asked])
+    embedder = embeddings.Embedder(EmbeddingConfig())
+    embedder.embed_ahead(asked[:2])
+    assert np.array_equal(embedder.embed(asked), expected) and embedder.computed == 3
+    assert embedder.embed(asked, embeddings.STORED_DTYPE).dtype == embeddings.STORED_DTYPE
+    earlier = embeddings.Embedder(EmbeddingConfig())
+    earlier.remember(["harbour", "a river mill", "harbour"], expected[[3, 0, 3]])
+    assert np.array_equal(earlier.embed(asked), expected) and earlier.computed == 1

@@ -369,9 +369,10 @@ def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
         return  # a damaged earlier build: the cache still has every vector
     rows = nodes["vector_row"].to_numpy()
     embedded = np.flatnonzero(rows >= 0)
-    if len(vectors) != len(embedded) or (len(embedded) and rows.max() >= len(vectors)):
+    by_row = embedded[np.argsort(rows[embedded])]  # the nodes in the order of their vectors
+    if len(vectors) != len(embedded) or not np.array_equal(rows[by_row], np.arange(len(vectors))):
         return
-    embedder.remember(nodes["text"].take(pa.array(embedded)).to_pylist(), vectors[rows[embedded]])
+    embedder.remember(nodes["text"].take(pa.array(by_row)).to_pylist(), vectors)  # the file's rows, mapped
 
 
 def _snapshot(stats: EngineStats) -> dict:
