@@ -63,7 +63,7 @@ class Neighbours:
     `k + SLACK` are kept so that deletions rarely force a full search), and which of the first k
     the heuristic kept."""
 
-    candidates: np.ndarray  # (n, k + SLACK) int64
+    candidates: np.ndarray  # (n, k + SLACK) int32 rows
     kept: np.ndarray  # (n, k) bool
     searched: int = 0  # rows searched (against every node, or their probed clusters) this run
     pruned: int = 0  # rows whose first k changed, heuristic rerun
@@ -237,7 +237,7 @@ class _Lists:
     def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None, spill: Spill | None = None) -> _Lists:
         n = len(ids)
         spill = spill or Spill.none()
-        candidates = spill.full((n, width), -1, np.int64)
+        candidates = spill.full((n, width), -1, np.int32)  # rows: a build has fewer than 2^31
         scores = spill.full((n, width), -np.inf, np.float32)
         kept = spill.full((n, width), False, bool)
         reused = is_new = np.zeros(n, bool)
