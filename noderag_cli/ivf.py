@@ -36,13 +36,19 @@ BUCKET = 256  # vectors per cluster, on average
 
 def quantised(vectors: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Unit vectors on the 1/2048 grid, scaled by 2048 (integer-valued float32), into `out` if
-    given. Made a block of rows at a time: the only full-size array is the result, whatever the
+    given (float32, or int16: the values are whole numbers of at most 2048, exact in half the
+    memory; whoever multiplies rows widens them to float32 first, `widened`). Made a block of rows at a time: the only full-size array is the result, whatever the
     input's precision (a build's mapped half-precision vectors are widened block by block)."""
     out = np.empty(vectors.shape, np.float32) if out is None else out
     for start in range(0, len(vectors), BLOCK):
         block = np.asarray(vectors[start : start + BLOCK], np.float32) * np.float32(QUANT)
-        np.rint(block, out=out[start : start + BLOCK])
+        out[start : start + BLOCK] = np.rint(block)
     return out
+
+
+def widened(rows: np.ndarray) -> np.ndarray:
+    """Rows of a grid (`quantised`) as float32, to multiply: the same values whichever dtype holds them."""
+    return rows.astype(np.float32, copy=False)
 
 
 _THREADS: list[int] = []  # set in an executor's worker process: it owns one core
@@ -95,7 +101,7 @@ def nearest(grid: np.ndarray, centroids: np.ndarray, count: int) -> np.ndarray:
     count = min(count, len(centroids))
 
     def block(start: int) -> np.ndarray:
-        scores = grid[start : start + BLOCK] @ centroids.T
+        scores = widened(grid[start : start + BLOCK]) @ centroids.T
         if count < scores.shape[1]:
             # everything tied with the count-th best competes; the sort below keeps the lower indices
             bound = -np.partition(-scores, count - 1, axis=1)[:, count - 1 : count]
@@ -121,7 +127,7 @@ def train(grid: np.ndarray, hashes: np.ndarray, n_clusters: int, iterations: int
     lowest-hashing ones. A centroid that loses every member stays where it was."""
     order = np.argsort(hashes, kind="stable")
     n_clusters = min(n_clusters, len(grid))
-    centroids = grid[order[:n_clusters]].copy()
+    centroids = grid[order[:n_clusters]].astype(np.float32)
     sample = grid[np.sort(order[: min(len(grid), sample_per_cluster * n_clusters)])]
     for _ in range(iterations):
         labels = nearest(sample, centroids, 1)[:, 0]

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from ..executor import trim_heap
 from ..graph import distinct
-from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised
+from ..ivf import BLOCK, BUCKET, QUANT, Clusters, in_parallel, nearest, quantised, widened
 from ..spill import Spill
 
 VERSION = 4  # of the neighbour lists' definition or file: stored lists of another version are not reused
@@ -73,7 +73,7 @@ class Neighbours:
 
 def scores_against(grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Exact cosines of the rows `rows` of `quantised` vectors against every row."""
-    return (grid[rows] @ grid.T) * np.float32(1 / QUANT**2)
+    return (widened(grid[rows]) @ widened(grid).T) * np.float32(1 / QUANT**2)
 
 
 def exact_scores(grid: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -84,7 +84,7 @@ def exact_scores(grid: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> 
 
     def block(start: int) -> None:  # the gathers are the cost (a row's candidates lie anywhere): one per core
         cols = candidates[start : start + step]
-        dots = np.matmul(grid[np.maximum(cols, 0)], grid[rows[start : start + step], :, None])[:, :, 0]
+        dots = np.matmul(widened(grid[np.maximum(cols, 0)]), widened(grid[rows[start : start + step], :, None]))[:, :, 0]
         out[start : start + step] = np.where(cols >= 0, dots * np.float32(1 / QUANT**2), -np.inf)
 
     in_parallel(block, list(range(0, len(rows), step)))
@@ -156,7 +156,7 @@ def prune(grid: np.ndarray, candidates: np.ndarray, scores: np.ndarray, start: n
         from_ = first[begin : begin + ROW_BLOCK]
         gram = np.empty((len(cand), k, k), np.float32)  # rows of it before a row's start are never read
         for part in range(0, len(cand), PRUNE_BLOCK):  # gathered in small blocks, which stay in cache
-            vectors = grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)]
+            vectors = widened(grid[np.maximum(cand[part : part + PRUNE_BLOCK], 0)])
             low = int(from_[part : part + PRUNE_BLOCK].min())
             np.matmul(vectors[:, low:], vectors.transpose(0, 2, 1), out=gram[part : part + len(vectors), low:])
         valid = cand >= 0
@@ -340,7 +340,7 @@ def clustered_lists(keys: np.ndarray, vectors: np.ndarray, k: int, seed: int, pr
     stage's full-size arrays (the grid, its copy by cluster, the lists) go past its memory budget."""
     width = k + SLACK
     spill = spill or Spill.none()
-    grid = quantised(vectors, spill.empty(vectors.shape, np.float32))
+    grid = quantised(vectors, spill.empty(vectors.shape, np.int16))  # whole numbers of at most 2048
     spill.trim()
     if centroids is None:
         clusters = Clusters.build(grid, keys.tolist(), seed, BUCKET, probes, assign)
@@ -432,7 +432,7 @@ def _clustered_search(grid: np.ndarray, clusters: Clusters, rows: np.ndarray, wi
             yield found
 
     def block(rows: np.ndarray):
-        vectors_of_rows = grid[rows]
+        vectors_of_rows = widened(grid[rows])
         parts = []
         for w, who in visited(probed[rows, :1]):  # each row's first list: the best of its home cluster
             start, stop = indptr[w], indptr[w + 1]
@@ -493,7 +493,7 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
             if not len(who):
                 continue
             joined = joining[gained_at[w] : gained_at[w + 1]]
-            scores = (grid[old[who]] @ grid[joined].T) * scale
+            scores = (widened(grid[old[who]]) @ widened(grid[joined]).T) * scale
             a, b = np.nonzero(scores >= last_score[who, None])
             value = scores[a, b]
             enters = (value > last_score[who[a]]) | (joined[b] < last_col[who[a]])
