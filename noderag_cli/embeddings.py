@@ -191,9 +191,9 @@ MEMORY_BLOCK = 65_536  # rows of a block of an embedder's memory
 class VectorMemory:
     """An embedder's vectors by text, in half precision: a sorted array of 16-byte digests of the
     texts with each one's row, and the rows in blocks of `MEMORY_BLOCK` (a block given whole, as
-    the last build's mapped vectors, is held as given). A dict of the texts to a numpy row each
-    took about 900 bytes a vector besides its 512 and kept every text alive: at a million
-    passages' five million vectors, some 2 GB more. Digests added since the last look-up are
+    the last build's mapped vectors, is held as given). 24 bytes a vector besides its 512, where
+    a dict of the texts to a numpy row each holds some 900 and keeps every text alive (2 GB more
+    at a million passages' five million vectors). Digests added since the last look-up are
     merged in at the next one (a stage adds a batch at a time and looks up once)."""
 
     def __init__(self, dim: int):

@@ -135,7 +135,7 @@ def kmeans_labels(vectors: np.ndarray, seed: int, centroids: np.ndarray | None =
     seeded sample (`faiss.rand_perm`, as its training draws it: the same centroids), and training
     on all of them grew as n^1.5 for centroids no better. Only that sample and a block of vectors
     at a time are widened to float32 (`vectors` may be the half-precision rows the embedder holds:
-    a float32 copy of every unit's vector was the stage's largest array). With an anchor's
+    a float32 copy of every unit's vector would be the stage's largest array). With an anchor's
     `centroids` (an incremental update) nothing is trained: each vector joins its nearest, as the
     trained ones are assigned, so an unchanged vector keeps its cluster."""
     n = len(vectors)
