@@ -193,8 +193,9 @@ class VectorMemory:
     texts with each one's row, and the rows in blocks of `MEMORY_BLOCK` (a block given whole, as
     the last build's mapped vectors, is held as given). 24 bytes a vector besides its 512, where
     a dict of the texts to a numpy row each holds some 900 and keeps every text alive (2 GB more
-    at a million passages' five million vectors). Digests added since the last look-up are
-    merged in at the next one (a stage adds a batch at a time and looks up once)."""
+    at a million passages' five million vectors). The digests added lately wait in a dict until
+    they are a quarter of the sorted ones, then are sorted in: a stage that adds a few texts at
+    each of many calls (the offline engine's attributes) does not sort the whole array each time."""
 
     def __init__(self, dim: int):
         self.dim = dim
@@ -203,7 +204,7 @@ class VectorMemory:
     def clear(self) -> None:
         self._keys = np.zeros(0, "S16")  # sorted
         self._rows = np.zeros(0, np.int64)  # per key, its row
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._recent: dict[bytes, int] = {}  # digests not sorted in yet, and their rows
         self._blocks: list[np.ndarray] = []
         self._starts: list[int] = []  # the first row of each block
         self._open = 0  # rows free at the end of the last block (0: it is full, or one given whole)
@@ -216,22 +217,30 @@ class VectorMemory:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Per digest, its row, -1 where none is held."""
-        if self._pending:
-            keys_, rows = zip(*self._pending, strict=True)
-            merged = np.concatenate([self._keys, *keys_])
+        rows = np.full(len(keys), -1, np.int64)
+        if len(self._keys):
+            at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+            rows = np.where(self._keys[at] == keys, self._rows[at], -1)
+        if self._recent:
+            unsorted = np.flatnonzero(rows < 0)
+            rows[unsorted] = [self._recent.get(key, -1) for key in keys[unsorted].tolist()]
+        return rows
+
+    def _index(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        self._recent.update(zip(keys.tolist(), rows.tolist(), strict=True))  # bytes: injective on 16 bytes
+        if len(self._recent) > max(MEMORY_BLOCK, len(self._keys) // 4):
+            merged = np.concatenate([self._keys, np.array(list(self._recent), "S16")])
             order = np.argsort(merged, kind="stable")
-            self._keys, self._rows = merged[order], np.concatenate([self._rows, *rows])[order]
-            self._pending = []
-        if not len(self._keys):
-            return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return np.where(self._keys[at] == keys, self._rows[at], -1)
+            self._keys = merged[order]
+            self._rows = np.concatenate([self._rows, np.fromiter(self._recent.values(), np.int64,
+                                                                 len(self._recent))])[order]
+            self._recent = {}
 
     def add(self, keys: np.ndarray, vectors: np.ndarray, whole: bool = False) -> None:
         """Hold `vectors` for the distinct `keys` (none held yet); `whole`: as one block as given
         (a mapped file stays mapped), else copied into blocks."""
         vectors = np.asarray(vectors).astype(STORED_DTYPE, copy=False)
-        self._pending.append((keys, self.size + np.arange(len(keys), dtype=np.int64)))
+        self._index(keys, self.size + np.arange(len(keys), dtype=np.int64))
         if whole:
             self._blocks.append(vectors)
             self._starts.append(self.size)

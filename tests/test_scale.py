@@ -661,6 +661,13 @@ def test_the_embedders_memory_holds_vectors_by_digest_in_blocks(monkeypatch):
     rows = memory.find(keys[::-1])
     assert np.array_equal(memory.take(rows), vectors[::-1])
     assert (memory.find(embeddings.VectorMemory.digests(["text 30", ""])) == -1).all()
+    more = embeddings.VectorMemory.digests([f"more {i}" for i in range(40)])
+    for i in range(40):  # one at a time: some wait unsorted, some are sorted in
+        memory.add(more[i : i + 1], vectors[i % 30 : i % 30 + 1])
+        assert memory.find(more[i : i + 1])[0] == 30 + i and memory.find(keys[3:4])[0] == 3
+    assert memory._recent and len(memory._keys) > 30
+    assert np.array_equal(memory.take(memory.find(np.concatenate([more, keys]))),
+                          np.concatenate([vectors[np.arange(40) % 30], vectors]))
 
     alone = embeddings.Embedder(EmbeddingConfig())
     asked = ["a river mill", "the granite chapel", "a river mill", "harbour"]
