@@ -190,6 +190,9 @@ _HEX_VALUE = np.full(256, 255, np.uint8)  # by byte: its value as a lower-case h
 _HEX_VALUE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
 
 
+ROWS_BLOCK = 1 << 20  # ids parsed at a time: a 16-byte row of digits per id, for this many only
+
+
 def hex_ids(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
     """Per `<letter>_<16 hex>` node id, its letter's byte and its 16 hex digits as a uint64, read
     from the column's bytes in place (`fixed_width`); None unless every id is of that form. In
@@ -197,6 +200,15 @@ def hex_ids(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]
     text = fixed_width(column)
     if text is None:
         return None
+    parts = [_hex(text[start : start + ROWS_BLOCK]) for start in range(0, len(text), ROWS_BLOCK)]
+    if any(part is None for part in parts):
+        return None
+    if not parts:
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _hex(text: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     raw = text.view(np.uint8).reshape(-1, ID_WIDTH)
     nibbles = _HEX_VALUE[raw[:, 2:]]
     if (raw[:, 1] != ord("_")).any() or (nibbles > 15).any():
@@ -206,25 +218,35 @@ def hex_ids(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]
 
 
 def rows_in(ids: pa.Array | pa.ChunkedArray, wanted: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
-    """Per id of `wanted`, its row in `ids` (node ids, sorted, distinct), -1 where it is not there:
-    a binary search of numbers within each type's rows instead of a hash table of strings (a
-    build's millions of ids: less time, and no table of them all in memory). None unless both are
-    `hex_ids` and `ids` is sorted and distinct; then hashing strings (`pc.index_in`) is the way."""
-    have, want = hex_ids(ids), hex_ids(wanted)
-    if have is None or want is None:
+    """Per id of `wanted`, its row in `ids` (node ids, sorted, distinct; int32), -1 where it is not
+    there: a binary search of numbers within each type's rows instead of a hash table of strings
+    (a build's millions of ids: less time, and no table of them all in memory), `ROWS_BLOCK` ids
+    at a time. None unless both are `hex_ids` and `ids` is sorted and distinct; then hashing
+    strings (`pc.index_in`) is the way."""
+    have, text = hex_ids(ids), fixed_width(wanted)
+    if have is None or text is None or len(have[0]) >= 2**31:
         return None
     letters, numbers = have
     step = np.diff(letters.astype(np.int16))
     if (step < 0).any() or ((step == 0) & (numbers[1:] <= numbers[:-1])).any():
         return None
-    rows = np.full(len(want[0]), -1, np.int64)
-    for letter in np.flatnonzero(np.bincount(want[0], minlength=256)):  # the types: a handful
-        low, high = np.searchsorted(letters, letter, "left"), np.searchsorted(letters, letter, "right")
-        at = np.flatnonzero(want[0] == letter)
-        place = np.searchsorted(numbers[low:high], want[1][at])
-        found = place < high - low
-        found[found] = numbers[low:high][place[found]] == want[1][at][found]
-        rows[at[found]] = low + place[found]
+    present = np.flatnonzero(np.bincount(letters, minlength=256))
+    spans = {int(letter): (np.searchsorted(letters, letter, "left"), np.searchsorted(letters, letter, "right"))
+             for letter in present}
+    rows = np.full(len(text), -1, np.int32)
+    for start in range(0, len(text), ROWS_BLOCK):
+        part = _hex(text[start : start + ROWS_BLOCK])
+        if part is None:
+            return None
+        for letter in np.flatnonzero(np.bincount(part[0], minlength=256)):  # the types: a handful
+            if int(letter) not in spans:
+                continue
+            low, high = spans[int(letter)]
+            at = np.flatnonzero(part[0] == letter)
+            place = np.searchsorted(numbers[low:high], part[1][at])
+            found = place < high - low
+            found[found] = numbers[low:high][place[found]] == part[1][at][found]
+            rows[start + at[found]] = low + place[found]
     return rows
 
 
@@ -345,7 +367,7 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
                     for end in ("source", "target"))
     if (src < 0).any() or (dst < 0).any():
         raise ValueError("edge table names a node that is not in the node table")
-    src, dst = src.astype(np.int32), dst.astype(np.int32)
+    src, dst = src.astype(np.int32, copy=False), dst.astype(np.int32, copy=False)
     rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
     # each graph-wide temporary is let go once its copy is made: at a million passages each is
     # hundreds of megabytes

@@ -103,7 +103,7 @@ def test_stage_edge_tables_merge_as_sorted_tables_into_merge_edges_bytes():
         assert parquet_bytes(union_of_merged(tables)) == parquet_bytes(merge_edges(tables))
 
 
-def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_finds_them():
+def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_finds_them(monkeypatch):
     """`graph.rows_in` (how the graph-wide stages turn edge ends into node rows): the same rows as
     Arrow's `index_in` of the strings, -1 for an id the nodes lack, across types whose numbers
     overlap; and None (the caller then hashes the strings) for nodes not sorted by id or ids of
@@ -112,8 +112,10 @@ def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_f
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from noderag_cli import graph
     from noderag_cli.graph import csr_entries, rows_in
 
+    monkeypatch.setattr(graph, "ROWS_BLOCK", 64)  # ids parsed a block at a time: several blocks here
     rng = np.random.default_rng(4)
     numbers = rng.integers(0, 2**63, 300, dtype=np.uint64)
     ids = sorted({f"{letter}_{int(value):016x}" for letter in "NST" for value in numbers[:120]} |
