@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from .. import nlp
 from ..embeddings import Embedder
 from ..engines.base import CommunityInput, Element, Engine, Failure
-from ..graph import Graph, NodeSet, high_level_id, make_edges, merge_edges, overview_id, row_entries
+from ..graph import Graph, NodeSet, distinct, high_level_id, make_edges, merge_edges, overview_id, row_entries
 from ..ivf import STORED_DTYPE
 from ..node_types import COMMUNITY_CONTENT_TYPES
 from . import summaries
@@ -209,12 +209,12 @@ def run(
     membership = anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
         leiden(graph, seed, resolution)
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
-    # the texts and chunks of the nodes a community shows (S and A) only, in `content` order, as
-    # Python objects: those of every node were about a gigabyte at 200,000 passages
+    # the texts of the nodes a community may show (S and A) only, in `content` order, as Python
+    # objects (those of every node were about a gigabyte at 200,000 passages); chunks, below, of
+    # the nodes shown only
     at = np.full(len(graph.types), -1, np.int64)
     at[content] = np.arange(len(content))
     texts = nodes["text"].take(pa.array(content)).to_pylist()
-    chunk_ids = nodes["chunk_ids"].take(pa.array(content)).to_pylist()
     all_tokens = nodes["tokens"].to_numpy().astype(np.int64)
     items, shown, counts = [], [], []
     shown_before = _shown_by_anchor(membership, texts, content, anchor) if anchor else None
@@ -223,6 +223,8 @@ def run(
         shown.append(picked)
         counts.append(all_tokens[picked].tolist())
 
+    shown_rows = distinct(np.concatenate(shown)) if shown else np.zeros(0, np.int64)
+    chunk_ids = dict(zip(shown_rows.tolist(), nodes["chunk_ids"].take(pa.array(shown_rows)).to_pylist(), strict=True))
     inputs = [[text_hash(t) for t in item.texts] for item in items]
     kept = [anchor.kept(anchor.communities, item.community, hashes, resummarize_share) if anchor else None
             for item, hashes in zip(items, inputs, strict=True)]
@@ -249,7 +251,7 @@ def run(
             records.append((key, hashes, [e.description for e in result], [e.title for e in result], False))
         else:
             records.append((key, summary.inputs, summary.texts, summary.titles, summary.inputs != set(hashes)))
-        provenance = sorted({c for i in picked for c in chunk_ids[at[i]]})
+        provenance = sorted({c for i in picked for c in chunk_ids[i]})
         for element in result:
             if not element.title.strip() or not element.description.strip():
                 continue
