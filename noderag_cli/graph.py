@@ -223,31 +223,52 @@ def rows_in(ids: pa.Array | pa.ChunkedArray, wanted: pa.Array | pa.ChunkedArray)
     (a build's millions of ids: less time, and no table of them all in memory), `ROWS_BLOCK` ids
     at a time. None unless both are `hex_ids` and `ids` is sorted and distinct; then hashing
     strings (`pc.index_in`) is the way."""
-    have, text = hex_ids(ids), fixed_width(wanted)
-    if have is None or text is None or len(have[0]) >= 2**31:
-        return None
-    letters, numbers = have
-    step = np.diff(letters.astype(np.int16))
-    if (step < 0).any() or ((step == 0) & (numbers[1:] <= numbers[:-1])).any():
-        return None
-    present = np.flatnonzero(np.bincount(letters, minlength=256))
-    spans = {int(letter): (np.searchsorted(letters, letter, "left"), np.searchsorted(letters, letter, "right"))
-             for letter in present}
-    rows = np.full(len(text), -1, np.int32)
-    for start in range(0, len(text), ROWS_BLOCK):
-        part = _hex(text[start : start + ROWS_BLOCK])
-        if part is None:
+    lookup = IdRows.of(ids)
+    return None if lookup is None else lookup.rows(wanted)
+
+
+@dataclass(frozen=True)
+class IdRows:
+    """Sorted node ids as `hex_ids`, with each type's span of rows: parsed once for the look-ups
+    of several columns (an edge table's two ends)."""
+
+    numbers: np.ndarray
+    spans: dict[int, tuple[int, int]]  # type letter's byte -> its rows [low, high)
+
+    @classmethod
+    def of(cls, ids: pa.Array | pa.ChunkedArray) -> IdRows | None:
+        """None unless the ids are `hex_ids`, sorted and distinct."""
+        have = hex_ids(ids)
+        if have is None or len(have[0]) >= 2**31:
             return None
-        for letter in np.flatnonzero(np.bincount(part[0], minlength=256)):  # the types: a handful
-            if int(letter) not in spans:
-                continue
-            low, high = spans[int(letter)]
-            at = np.flatnonzero(part[0] == letter)
-            place = np.searchsorted(numbers[low:high], part[1][at])
-            found = place < high - low
-            found[found] = numbers[low:high][place[found]] == part[1][at][found]
-            rows[start + at[found]] = low + place[found]
-    return rows
+        letters, numbers = have
+        step = np.diff(letters.astype(np.int16))
+        if (step < 0).any() or ((step == 0) & (numbers[1:] <= numbers[:-1])).any():
+            return None
+        return cls(numbers, {int(letter): (int(np.searchsorted(letters, letter, "left")),
+                                           int(np.searchsorted(letters, letter, "right")))
+                             for letter in np.flatnonzero(np.bincount(letters, minlength=256))})
+
+    def rows(self, wanted: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+        """`rows_in` of `wanted`; None unless it is all `<letter>_<16 hex>` ids."""
+        text = fixed_width(wanted)
+        if text is None:
+            return None
+        rows = np.full(len(text), -1, np.int32)
+        for start in range(0, len(text), ROWS_BLOCK):
+            part = _hex(text[start : start + ROWS_BLOCK])
+            if part is None:
+                return None
+            for letter in np.flatnonzero(np.bincount(part[0], minlength=256)):  # the types: a handful
+                if int(letter) not in self.spans:
+                    continue
+                low, high = self.spans[int(letter)]
+                at = np.flatnonzero(part[0] == letter)
+                place = np.searchsorted(self.numbers[low:high], part[1][at])
+                found = place < high - low
+                found[found] = self.numbers[low:high][place[found]] == part[1][at][found]
+                rows[start + at[found]] = low + place[found]
+        return rows
 
 
 def id_keys(table: pa.Table, key: tuple[str, ...]) -> np.ndarray | None:
@@ -361,7 +382,8 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     from (int64: entry k is edge `order[k]` of the table, seen from its source when below the
     table's length, else edge `order[k]` - length seen from its target)."""
     n = len(id_column)
-    src, dst = rows_in(id_column, edges["source"]), rows_in(id_column, edges["target"])
+    lookup = IdRows.of(id_column)
+    src, dst = (lookup.rows(edges["source"]), lookup.rows(edges["target"])) if lookup else (None, None)
     if src is None or dst is None:  # ids of another form, or nodes not sorted by id
         src, dst = (pc.fill_null(pc.index_in(edges[end], value_set=id_column), -1).to_numpy(zero_copy_only=False)
                     for end in ("source", "target"))

@@ -407,22 +407,24 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     arrays["value_kinds"] = kinds
 
     named = np.flatnonzero((codes == TYPE_CODE["N"]) | (codes == TYPE_CODE["O"]))
-    keys: list[str] = [""] * len(named)  # per named node, its `name_key`
-    hashes = np.zeros(len(named), np.uint64)
+    # per named node, its `name_key` and hash: the earlier build's as stored, else made here
     new_at = np.flatnonzero(fresh[named])
-    new_names = (text for texts in texts_of(named[new_at]) for text in texts)
-    new_keys = [name_key(name_words(text)) for text in new_names]
-    for i, key in zip(new_at.tolist(), new_keys, strict=True):
-        keys[i] = key
+    new_keys = [name_key(name_words(text)) for texts in texts_of(named[new_at]) for text in texts]
+    hashes = np.zeros(len(named), np.uint64)
     hashes[new_at] = key_hashes(new_keys)
-    if earlier is not None:  # the earlier build's keys and hashes, as stored
+    source = np.zeros(len(named), np.int64)  # where each key is taken from: 0 "", then new_keys, then stored
+    source[new_at] = 1 + np.arange(len(new_at))
+    stored = pa.array([], pa.string())
+    if earlier is not None:
         kept = np.flatnonzero(~fresh[named])
         positions = earlier.name_key[earlier_row[named[kept]]]
-        stored = earlier.name_keys.take(pa.array(np.maximum(positions, 0))).to_pylist()
-        for i, position, key in zip(kept.tolist(), positions.tolist(), stored, strict=True):
-            keys[i] = key if position >= 0 else ""
-        hashes[kept] = earlier.name_hash[np.maximum(positions, 0)]
-    names, keys = NameIndex.arrays(pa.array(keys, pa.string()), hashes, named)
+        named_before = positions >= 0
+        stored = earlier.name_keys.take(pa.array(positions[named_before]))
+        source[kept[named_before]] = 1 + len(new_at) + np.arange(int(named_before.sum()))
+        hashes[kept[named_before]] = earlier.name_hash[positions[named_before]]
+    keys = pa.concat_arrays([pa.array([""], pa.string()), pa.array(new_keys, pa.string()),
+                             stored.cast(pa.string())]).take(pa.array(source))
+    names, keys = NameIndex.arrays(keys, hashes, named)
     arrays.update(names)
     tables["name_keys"] = pa.table({"key": keys})
     return arrays, tables, {"sentence_keys": int(len(distinct(key_ids))), "key_ids": KEY_IDS}
