@@ -401,3 +401,41 @@ def test_an_update_aggregates_only_the_changed_rows_into_a_full_aggregations_byt
         assert [parquet_bytes(t) for t in decompose.updated_graph(*now, last, changed)] == expected
         assert len(pc.unique(changed[0]["node"])) < len(pc.unique(now[0]["node"]))  # a part aggregated again
         assert (fixed_width(last[0]["id"]) is None) == lengthened
+
+
+def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_ones():
+    """`decompose._kept_rows` and `_in_input_order`: the last run's rows of the inputs still present
+    (taken as runs, in several chunks as parquet reads them), with the fresh rows of new inputs that
+    sort before, between and after them, give the table and the parquet bytes of sorting every row;
+    the rows of the inputs gone are those left out; no fresh rows leaves the kept ones as they are."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from noderag_cli.files import parquet_bytes
+    from noderag_cli.index import decompose
+
+    def rows(names: list[str]) -> pa.Table:
+        table = {"input": [], "seq": [], "node": [], "text": [], "chunk": [], "tokens": []}
+        for name in names:
+            for seq in range(1 + len(name) % 3):
+                for column, value in zip(table, (name, seq, f"S_{name}{seq}", f"{name} unit {seq}", name, seq + 1),
+                                         strict=True):
+                    table[column].append(value)
+        return pa.table(table, schema=decompose.OCCURRENCE_SCHEMA)
+
+    last_names = [f"b{i:03d}" for i in range(0, 60, 2)]
+    present = [n for n in last_names if n not in ("b010", "b012", "b040")]
+    fresh_names = ["a000", "b011", "b013", "b041", "c000", "b058x"]
+    expected = rows(present + fresh_names).sort_by([("input", "ascending"), ("seq", "ascending")])
+    stored = pq.read_table(pa.BufferReader(parquet_bytes(rows(last_names))))
+    stored = pa.concat_tables([stored.slice(0, 7), stored.slice(7, 20), stored.slice(27)])  # runs across chunks
+    links = decompose.LINK_SCHEMA.empty_table()
+    kept, _, known, gone = decompose._kept_rows((stored, links), present + fresh_names)
+    assert known == set(present)
+    assert set(gone[0]["input"].to_pylist()) == {"b010", "b012", "b040"}
+    fresh = rows(fresh_names)
+    parts = [fresh.slice(5), fresh.slice(0, 5)]  # as workers return them: not in order
+    merged = decompose._in_input_order(kept, parts)
+    assert merged.equals(expected) and parquet_bytes(merged) == parquet_bytes(expected)
+    assert decompose._in_input_order(kept, []).equals(expected.filter(pc.is_in(expected["input"], pa.array(present))))
+
