@@ -12,6 +12,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -96,6 +97,19 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 def write_parquet(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(path, parquet_bytes(table))
+
+
+def write_parquets(tables: dict[Path, pa.Table]) -> None:
+    """Each table to its file (`write_parquet`), on a thread each up to the cores: a file is encoded
+    on one thread, and Arrow lets go of the interpreter while it encodes, so a stage's several
+    outputs are written in about the time of the largest."""
+    if len(tables) <= 1:
+        for path, table in tables.items():
+            write_parquet(path, table)
+        return
+    with ThreadPoolExecutor(min(len(tables), os.cpu_count() or 1)) as pool:
+        for job in [pool.submit(write_parquet, path, table) for path, table in tables.items()]:
+            job.result()
 
 
 def atomic_write_with(path: Path, write: Callable[[str], None], make_folder: bool = True) -> None:

@@ -33,7 +33,7 @@ from ..config import Config
 from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..executor import Executor, release_memory
-from ..files import atomic_write_with, file_digest, write_parquet
+from ..files import atomic_write_with, file_digest, write_parquet, write_parquets
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, union_of_merged
 from ..search import prepare
@@ -159,6 +159,10 @@ class StageRun:
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
 
+    def write_all(self, tables: dict[str, pa.Table]) -> None:
+        """Several of this stage's outputs, side by side (`files.write_parquets`)."""
+        write_parquets({self.path(name): table for name, table in tables.items()})
+
     def count_tokens(self) -> Callable[[list[str]], list[int]]:
         """`nlp.count_tokens`, with the counts of the texts of the stage's last nodes table taken
         from it (`trusted`: a damaged table is not believed): same text, same count."""
@@ -179,16 +183,16 @@ class StageRun:
         return tables[0] if len(tables) == 1 else union_of_merged(tables)
 
     def write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
-        self.write(NODES, nodes)
-        self.write(EDGES, edges)
+        self.write_all({NODES: nodes, EDGES: edges})
 
-    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str]) -> dict[str, int]:
-        """The stage's graph and failures written; the failure counts for its details: `failures`,
-        those the next run retries, and `final_failures`, those no run would change (an engine whose
-        `failures_are_final`), each said once, by the run that met it."""
+    def commit_graph(self, nodes: pa.Table, edges: pa.Table, failures: dict[str, str],
+                     more: dict[str, pa.Table] | None = None) -> dict[str, int]:
+        """The stage's graph, failures and `more` of its outputs written; the failure counts for its
+        details: `failures`, those the next run retries, and `final_failures`, those no run would
+        change (an engine whose `failures_are_final`), each said once, by the run that met it."""
         final = self.engine.failures_are_final
-        self.write_graph(nodes, edges)
-        self.write(FAILURES, _failures_table(self.stage.name, failures, final))
+        self.write_all({NODES: nodes, EDGES: edges, FAILURES: _failures_table(self.stage.name, failures, final),
+                        **(more or {})})
         if final and failures:
             item, reason = min(failures.items())
             self.reporter.warn(f"{self.stage.name}: {len(failures)} item(s) have no result with the {self.engine.name} "
@@ -247,9 +251,7 @@ def _chunk(run: StageRun) -> dict:
                                      chunk.reader_identities(run.files))
     documents, chunks, counts = chunk.run(run.files, settings, previous, run.executor, run.ws.cache)
     run.ws.cache.touch(SCAN, [f.scan_key for f in run.files if f.scan_key])  # kept by `noderag gc`
-    run.write(DOCUMENTS.file, documents)
-    run.write(CHUNKS.file, chunks)
-    run.write(CHUNK_IDS.file, anchor.chunks_table(chunks["chunk_id"]))
+    run.write_all({DOCUMENTS.file: documents, CHUNKS.file: chunks, CHUNK_IDS.file: anchor.chunks_table(chunks["chunk_id"])})
     failed = documents.filter(pc.equal(documents["status"], "failed"))
     for path, reason in zip(failed["path"].to_pylist(), failed["reason"].to_pylist(), strict=True):
         run.reporter.warn(f"could not read {path}: {reason}")
@@ -269,8 +271,8 @@ def _decompose(run: StageRun) -> dict:
     last = [run.last(name) for name in (NODES, EDGES)] if changed is not None else [None]
     nodes, edges = decompose.updated_graph(occurrences, links, last, changed) if all(t is not None for t in last) \
         else decompose.build_graph(occurrences, links)
-    for path, table in zip(rows_paths, (occurrences, links), strict=True):
-        write_parquet(path, decompose.with_version(table))
+    write_parquets({path: decompose.with_version(table) for path, table in zip(rows_paths, (occurrences, links),
+                                                                                strict=True)})
     del occurrences, links  # the stage's largest tables: let go before the vectors are made
     release_memory()
     # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
@@ -294,10 +296,9 @@ def _attributes(run: StageRun) -> dict:
         failed_before=None if failed_before is None else failed_before["item"].combine_chunks(),
     )
     run.embedder.embed_ahead(new_nodes["text"].to_pylist())
-    failed = run.commit_graph(new_nodes, new_edges, failures)
-    run.write(ATTRIBUTE_SUMMARIES.file, summaries)
     anchor_chunks = kept_against.chunks if kept_against else run.read(CHUNK_IDS)["chunk_id"]
-    run.write(ANCHOR_CHUNKS.file, anchor.chunks_table(anchor_chunks))
+    failed = run.commit_graph(new_nodes, new_edges, failures, {ATTRIBUTE_SUMMARIES.file: summaries,
+                                                               ANCHOR_CHUNKS.file: anchor.chunks_table(anchor_chunks)})
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, **failed, **_anchor_info(kept_against, why, summaries)}
 
 
@@ -312,10 +313,9 @@ def _communities(run: StageRun) -> dict:
         g.summary_leaf_tokens, run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
     )
-    failed = run.commit_graph(new_nodes, new_edges, failures)
-    run.write(ASSIGNMENTS.file, assignments.sort_by("id"))
-    run.write(COMMUNITY_SUMMARIES.file, summaries)
-    run.write(SEMANTIC_CENTROIDS.file, centroids)
+    failed = run.commit_graph(new_nodes, new_edges, failures, {ASSIGNMENTS.file: assignments.sort_by("id"),
+                                                               COMMUNITY_SUMMARIES.file: summaries,
+                                                               SEMANTIC_CENTROIDS.file: centroids})
     n_communities = len(set(assignments["community"].to_pylist()) - {-1})
     return {"nodes": new_nodes.num_rows, "edges": new_edges.num_rows, "communities": n_communities, **failed,
             **_anchor_info(kept_against, why, summaries)}
@@ -375,10 +375,10 @@ def _similarity(run: StageRun) -> dict:
             info["spilled_mb"] = spill.spilled_mb
     pairs = similarity_edges.pairs(neighbours)
     edges = edge_rows(id_column.take(pairs[:, 0]), id_column.take(pairs[:, 1]), "similarity", hnsw=True)
-    run.write(EDGES, edges)
     table = similarity_edges.to_table(keys, neighbours)
-    run.write(NEIGHBOURS.file, table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}))
-    run.write(SIMILARITY_CENTROIDS.file, anchor.centroids_table(neighbours.centroids, run.embedder.model_id))
+    run.write_all({EDGES: edges,
+                   NEIGHBOURS.file: table.replace_schema_metadata({"noderag": json.dumps(signature, sort_keys=True)}),
+                   SIMILARITY_CENTROIDS.file: anchor.centroids_table(neighbours.centroids, run.embedder.model_id)})
     return {"edges": edges.num_rows, "rows_searched": neighbours.searched, "rows_pruned": neighbours.pruned, **info}
 
 
