@@ -313,10 +313,10 @@ class Embedder:
         """Let go of the vectors in memory (once the embed stage has written them all)."""
         self._memory.clear()
 
-    def remember(self, texts: list[str], vectors: np.ndarray) -> None:
-        """Take vectors this embedder made earlier (same `vector_id`) into its memory, so that they
-        are not looked up in the cache again."""
-        keys = VectorMemory.digests(texts)
+    def remember(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Take vectors this embedder made earlier (same `vector_id`) into its memory, by the
+        digests of their texts (`VectorMemory.digests`), so that they are not looked up in the
+        cache again."""
         distinct_keys, first = np.unique(keys, return_index=True)
         first = np.sort(first[self._memory.find(distinct_keys) < 0])  # each text not held yet, once
         if len(first) == len(keys):
@@ -332,10 +332,14 @@ class Embedder:
         (float32, or STORED_DTYPE: the rows as held, half the memory): from this embedder's memory
         (the stages of one run ask for the same texts, and an update's unchanged nodes come with
         the last build's vectors), else computed (`embed_ahead`)."""
+        return self.embed_with_digests(texts, dtype)[1]
+
+    def embed_with_digests(self, texts: list[str], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """`embed`, with the digests of the texts (`VectorMemory.digests`) it found them by."""
         if not texts:
-            return np.zeros((0, self.dim), dtype=dtype)
+            return np.zeros(0, "S16"), np.zeros((0, self.dim), dtype=dtype)
         keys = self.embed_ahead(texts)
-        return self._memory.take(self._memory.find(keys)).astype(dtype, copy=False)
+        return keys, self._memory.take(self._memory.find(keys)).astype(dtype, copy=False)
 
     def embed_ahead(self, texts: list[str]) -> np.ndarray:
         """The vectors of `texts` into this embedder's memory (their digests returned, which

@@ -62,6 +62,7 @@ CURRENT_FILE = "CURRENT"
 GENERATIONS_DIR = "generations"
 NODES = "nodes.parquet"  # a node table: a stage's (`stages/<stage>.nodes.parquet`) and a build's
 EDGES = "edges.parquet"  # an edge table, likewise
+VECTOR_DIGESTS = "vector_ids.parquet"  # a build's vector rows: node ids and text digests (index/embed.py)
 LEGACY_FINAL = (NODES, EDGES, "vectors.faiss", "documents.parquet",
                 "stages/similarity.documents.parquet")
 LOCK_FILE = ".lock"

@@ -439,3 +439,25 @@ def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_on
     assert merged.equals(expected) and parquet_bytes(merged) == parquet_bytes(expected)
     assert decompose._in_input_order(kept, []).equals(expected.filter(pc.is_in(expected["input"], pa.array(present))))
 
+
+def test_an_update_takes_the_last_builds_vectors_back_with_or_without_their_stored_digests(base, tmp_path):
+    """The embedder's memory is filled from the last build's vectors by the digests of their texts:
+    those the build stores beside them, or, for a build made before it stored them, its texts
+    hashed. Either way a renamed document costs no vector, and the update's tables are the same."""
+    import json
+
+    from noderag_cli.files import json_digest
+    from noderag_cli.workspace import VECTOR_DIGESTS
+
+    for stored in (True, False):
+        corpus, workspace = working_copy(base, tmp_path / str(stored))
+        if not stored:  # as an earlier build: no digests file in its manifest
+            manifest_path = build_file(workspace, "manifest.json")
+            manifest = json.loads(manifest_path.read_text())
+            del manifest["files"][VECTOR_DIGESTS], manifest["checksum"]
+            manifest_path.write_text(json.dumps({**manifest, "checksum": json_digest(manifest)}))
+            build_file(workspace, VECTOR_DIGESTS).unlink()
+        shutil.move(corpus / "greyling_medal.md", corpus / "greyling_medal_renamed.md")
+        run = index(workspace, corpus)
+        assert vectors_computed(run) == 0, stored
+        assert_same_tables(workspace, fresh(corpus, tmp_path / f"fresh-{stored}"))

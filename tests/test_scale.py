@@ -677,5 +677,5 @@ def test_the_embedders_memory_holds_vectors_by_digest_in_blocks(monkeypatch):
     assert np.array_equal(embedder.embed(asked), expected) and embedder.computed == 3
     assert embedder.embed(asked, embeddings.STORED_DTYPE).dtype == embeddings.STORED_DTYPE
     earlier = embeddings.Embedder(EmbeddingConfig())
-    earlier.remember(["harbour", "a river mill", "harbour"], expected[[3, 0, 3]])
+    earlier.remember(embeddings.VectorMemory.digests(["harbour", "a river mill", "harbour"]), expected[[3, 0, 3]])
     assert np.array_equal(earlier.embed(asked), expected) and earlier.computed == 1

@@ -7,7 +7,8 @@ A generation holds (see `workspace.py` for where it lives):
 - attribute_summaries, community_summaries and anchor_chunks (.parquet): the anchor of the next
   incremental update (`anchor.py`), second names of the attributes and communities stages' files;
 - vectors.faiss: the flat inner-product index, in half precision (`ivf.flat_index`); row i is the node whose `vector_row` is i (a second
-  name, a hard link, for the embed stage's file: every vector is stored once);
+  name, a hard link, for the embed stage's file: every vector is stored once); vector_ids.parquet,
+  the embed stage's ids of those nodes and the digests of their texts (`embed.ID_SCHEMA`);
 - config.yaml: the config of the build, which `query` and `stats` read;
 - the search's structures (`search/prepare.py`), and manifest.json: each file's size and
   checksum, the counts `stats` shows, the embedding model and what the search needs beside the
@@ -32,7 +33,7 @@ from ..generation import Generation
 from ..graph import NODE_COLUMNS, NODE_SCHEMA, distinct
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, prepare
-from ..workspace import Workspace
+from ..workspace import VECTOR_DIGESTS, Workspace
 from . import anchor
 from .outputs import (
     ASSIGNMENTS,
@@ -110,7 +111,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     current; then remove the generations and the files of the older layout that no reader holds.
     `centroids`: the search's vector-side clusters an incremental update keeps (anchor.py)."""
     ws = run.ws
-    ids = run.read(VECTOR_IDS)["id"].to_pylist()
+    ids = run.read(VECTOR_IDS, ["id"])["id"].to_pylist()
     vector_file = run.input_path(VECTORS)
     vectors = ivf.read_stored(vector_file)  # mapped, half precision: prepare widens what it reads
     documents = run.read(DOCUMENTS)
@@ -123,6 +124,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         writer.table("edges", edges)
         writer.table("documents", documents)
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
+        writer.link(VECTOR_DIGESTS, run.input_path(VECTOR_IDS))  # by which the next update takes them back
         for name, output in anchor.FILES.items():  # what the next incremental update keeps its work against
             writer.link(f"{name}.parquet", run.input_path(output))
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import faiss
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,15 +23,27 @@ from ..embeddings import Embedder
 from ..node_types import EMBEDDED_TYPES
 
 ROWS = 65_536  # vectors stacked at a time
+ID_SCHEMA = pa.schema([("id", pa.string()), ("text_digest", pa.binary(16))])
+"""embed.ids.parquet: row i is the node of vector i, and the digest of its text, by which the next
+update's embedder takes the vector back without reading or hashing the texts (`Embedder.remember`)."""
 
 
-def run(nodes: pa.Table, embedder: Embedder) -> tuple[list[str], faiss.Index]:
-    """The ids of the embedded nodes, sorted, and their vector index (`ivf.flat_index`)."""
+def run(nodes: pa.Table, embedder: Embedder) -> tuple[pa.Table, faiss.Index]:
+    """The embedded nodes' ids, sorted, with the digests of their texts (`ID_SCHEMA`), and their
+    vector index (`ivf.flat_index`)."""
     embedded = nodes.filter(pc.is_in(nodes["type"], pa.array(EMBEDDED_TYPES))).sort_by("id")
     texts = embedded["text"]
+    digests = []
 
     def blocks() -> Iterator:
         for start in range(0, len(texts), ROWS):
-            yield embedder.embed(texts.slice(start, ROWS).to_pylist())
+            keys, vectors = embedder.embed_with_digests(texts.slice(start, ROWS).to_pylist())
+            digests.append(keys)
+            yield vectors
 
-    return embedded["id"].to_pylist(), ivf.flat_index(blocks(), embedder.dim)
+    index = ivf.flat_index(blocks(), embedder.dim)
+    text_digests = np.concatenate(digests) if digests else np.zeros(0, "S16")
+    return pa.table({"id": embedded["id"].combine_chunks(),
+                     "text_digest": pa.FixedSizeBinaryArray.from_buffers(  # as bytes: a digest may end in zeros
+                         pa.binary(16), len(text_digests), [None, pa.py_buffer(text_digests.tobytes())])},
+                    schema=ID_SCHEMA), index

@@ -31,13 +31,14 @@ import pyarrow as pa
 
 from .. import ivf, readers
 from ..config import COST_ONLY, Config, changed, config_to_yaml
-from ..embeddings import Embedder, check_embedding
+from ..embeddings import Embedder, VectorMemory, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
 from ..executor import Executor, release_memory
 from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
+from ..generation import Generation
 from ..node_types import NODE_TYPES
-from ..workspace import CACHE_KEYS, NODES, Workspace
+from ..workspace import CACHE_KEYS, NODES, VECTOR_DIGESTS, Workspace
 from . import assemble
 from .outputs import Output
 from .scan import keep_last_content, remember
@@ -357,22 +358,39 @@ def _write_cache_keys(ws: Workspace, stage: str, touched: dict[str, set[str]]) -
 
 
 def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
-    """The last complete build's vectors, by text, into the embedder's memory: an update's unchanged
-    nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue)."""
+    """The last complete build's vectors, by the digests of their texts, into the embedder's memory:
+    an update's unchanged nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue).
+    The digests are the build's own (`VECTOR_DIGESTS`); a build made before it kept them has its
+    texts hashed."""
     try:
         with assemble.open_current(ws) as built:
-            if built is None or built.verify((NODES, "vectors.faiss")):
+            if built is None:
+                return
+            stored = VECTOR_DIGESTS in built.manifest.get("files", {})
+            if built.verify((VECTOR_DIGESTS if stored else NODES, "vectors.faiss")):
                 return  # a damaged file is read by no one: the embed stage then finds every vector in the cache
-            nodes = built.table("nodes", ["text", "vector_row"])
             vectors = ivf.read_stored(built.path("vectors.faiss"))  # mapped, as stored: no float32 copy
+            keys = _stored_digests(built) if stored else _text_digests(built)
     except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
         return  # a damaged earlier build: the cache still has every vector
+    if keys is not None and len(keys) == len(vectors):
+        embedder.remember(keys, vectors)  # the file's rows, mapped
+
+
+def _stored_digests(built: Generation) -> np.ndarray:
+    column = built.table(VECTOR_DIGESTS.removesuffix(".parquet"), ["text_digest"])["text_digest"].combine_chunks()
+    return np.frombuffer(column.buffers()[1], "S16", len(column), column.offset * 16)
+
+
+def _text_digests(built: Generation) -> np.ndarray | None:
+    """The digests of the texts of a build's vectors, in their order, from its nodes table."""
+    nodes = built.table("nodes", ["text", "vector_row"])
     rows = nodes["vector_row"].to_numpy()
     embedded = np.flatnonzero(rows >= 0)
     by_row = embedded[np.argsort(rows[embedded])]  # the nodes in the order of their vectors
-    if len(vectors) != len(embedded) or not np.array_equal(rows[by_row], np.arange(len(vectors))):
-        return
-    embedder.remember(nodes["text"].take(pa.array(by_row)).to_pylist(), vectors)  # the file's rows, mapped
+    if not np.array_equal(rows[by_row], np.arange(len(by_row))):
+        return None
+    return VectorMemory.digests(nodes["text"].take(pa.array(by_row)).to_pylist())
 
 
 def _snapshot(stats: EngineStats) -> dict:

@@ -340,13 +340,13 @@ def _embed(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, None)
     ids, index = embed.run(nodes, run.embedder)
     run.embedder.forget()  # every vector is in the index now; the stages after read them from its file
-    run.write(VECTOR_IDS.file, pa.table({"id": pa.array(ids, pa.string())}))
+    run.write(VECTOR_IDS.file, ids)
     atomic_write_with(run.path(VECTORS.file), lambda name: faiss.write_index(index, name))
-    return {"vectors": len(ids), "dim": index.d}
+    return {"vectors": ids.num_rows, "dim": index.d}
 
 
 def _similarity(run: StageRun) -> dict:
-    id_column = run.read(VECTOR_IDS)["id"].combine_chunks()
+    id_column = run.read(VECTOR_IDS, ["id"])["id"].combine_chunks()
     ids = id_column.to_pylist()
     run.reporter.stage_started(run.stage.name, len(ids))  # counted in rows whose candidates are found
     vectors = ivf.read_stored(run.input_path(VECTORS))  # mapped: only the quantised copy is held whole
