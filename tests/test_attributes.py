@@ -45,17 +45,17 @@ def test_betweenness_from_some_sources_sums_their_dependencies():
 
 def test_pivots_are_kept_when_other_nodes_come_and_go():
     ids = np.array([f"N_{i:05d}" for i in range(2000)], dtype=object)
-    pivots = set(ids[pivot_nodes(ids, 10, seed=42)].tolist())
+    pivots = set(ids[pivot_nodes(ids.tolist(), 10, seed=42)].tolist())
     assert len(pivots) == 10
     grown = np.array(sorted([*ids.tolist(), *[f"S_{i:05d}" for i in range(100)]]), dtype=object)
-    after = set(grown[pivot_nodes(grown, 10, seed=42)].tolist())
+    after = set(grown[pivot_nodes(grown.tolist(), 10, seed=42)].tolist())
     assert after <= pivots | {f"S_{i:05d}" for i in range(100)}
     assert len(after & pivots) >= 5  # 100 new nodes among 2,100 displace about half a pivot on average
     others = [i for i in ids.tolist() if i not in pivots]
     shrunk = np.array(others[:1000] + sorted(pivots), dtype=object)  # half the other nodes deleted
-    assert set(shrunk[pivot_nodes(shrunk, 10, seed=42)].tolist()) == pivots
-    assert set(ids[pivot_nodes(ids, 10, seed=43)].tolist()) != pivots
-    assert sorted(pivot_nodes(ids[:4], 10, seed=42)) == [0, 1, 2, 3]
+    assert set(shrunk[pivot_nodes(shrunk.tolist(), 10, seed=42)].tolist()) == pivots
+    assert set(ids[pivot_nodes(ids.tolist(), 10, seed=43)].tolist()) != pivots
+    assert sorted(pivot_nodes(ids[:4].tolist(), 10, seed=42)) == [0, 1, 2, 3]
 
 
 def test_important_entities_are_hubs_and_bridges():

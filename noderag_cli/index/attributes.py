@@ -23,7 +23,7 @@ from . import summaries
 from .anchor import Anchor, summaries_table, text_hash
 
 
-def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
+def pivot_nodes(ids: list[str], pivots: int, seed: int) -> list[int]:
     """The seeded sample of BFS sources: the `pivots` nodes whose ids hash lowest with the seed
     (CRC-32 started from the seed: ids are content hashes already, so this only needs to mix in
     the seed, which a cryptographic hash per id would do at many times the cost).
@@ -34,16 +34,16 @@ def pivot_nodes(ids: np.ndarray, pivots: int, seed: int) -> list[int]:
     them which entities count as bridges: on MuSiQue, 70 of ~130 bridges were new after an update
     of 7% of the passages, against 20 with this draw, and each one is an attribute to rewrite.
     """
-    rank = np.array([zlib.crc32(i.encode(), seed & 0xFFFFFFFF) for i in ids.tolist()], dtype=np.uint32)
+    rank = np.array([zlib.crc32(i.encode(), seed & 0xFFFFFFFF) for i in ids], dtype=np.uint32)
     return np.argsort(rank, kind="stable")[: min(pivots, len(ids))].tolist()
 
 
 def bfs_levels(graph: Graph, source: int) -> np.ndarray:
     """Hops from source to every node (-1 where unreachable): a breadth-first search a level at a time."""
-    level = np.full(len(graph.ids), -1, np.int64)
+    level = np.full(len(graph.types), -1, np.int64)
     level[source] = 0
     frontier, depth = np.array([source]), 0
-    fresh = np.zeros(len(graph.ids), bool)
+    fresh = np.zeros(len(graph.types), bool)
     while len(frontier):
         depth += 1
         reached = graph.neighbours(frontier)
@@ -61,7 +61,7 @@ def sampled_betweenness(graph: Graph, sources: list[int]) -> np.ndarray:
     Each source costs one BFS and one pass over the shortest-path DAG's edges, level by level,
     as numpy segment sums: no Python loop over nodes or edges.
     """
-    n = len(graph.ids)
+    n = len(graph.types)
     between = np.zeros(n, dtype=np.float64)
     if n == 0 or not sources:
         return between
@@ -104,10 +104,10 @@ def core_entities(graph: Graph) -> np.ndarray:
 
 def important_entities(graph: Graph, pivots: int, seed: int) -> np.ndarray:
     """Indices of the entities in K(G) ∪ B(G)."""
-    n = len(graph.ids)
+    n = len(graph.types)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    b = sampled_betweenness(graph, pivot_nodes(graph.ids, pivots, seed))
+    b = sampled_betweenness(graph, pivot_nodes(graph.id_column.to_pylist(), pivots, seed))
     scale = math.floor(math.log10(n)) if n >= 10 else 1
     bridges = (graph.types == "N") & (b > b.mean() * scale)
     return np.flatnonzero(core_entities(graph) | bridges)
@@ -119,9 +119,9 @@ def anchored_entities(graph: Graph, kept: pa.Array) -> np.ndarray:
     update keeps the anchor's bridges instead of sampling betweenness over the whole graph again (the
     stage's largest cost once nothing is asked), so an entity that becomes a bridge is summarised
     when the next full build samples it, as its changed texts are."""
-    if len(graph.ids) == 0:
+    if len(graph.types) == 0:
         return np.zeros(0, dtype=np.int64)
-    named = pc.is_in(pa.array(graph.ids, pa.string()), value_set=kept).to_numpy(zero_copy_only=False)
+    named = pc.is_in(graph.id_column, value_set=kept).to_numpy(zero_copy_only=False)
     return np.flatnonzero(core_entities(graph) | (named & (graph.types == "N")))
 
 
@@ -137,9 +137,7 @@ def _picked_texts(graph: Graph, nodes: pa.Table, chosen: np.ndarray, max_tokens:
     owner, neighbour, statement = owner[usable], neighbour[usable], statement[usable]
     if not len(neighbour):
         return [neighbour] * len(chosen)
-    id_rank = np.empty(len(graph.ids), np.int64)
-    id_rank[pc.sort_indices(nodes["id"]).to_numpy()] = np.arange(len(graph.ids))
-    order = np.lexsort((id_rank[neighbour], ~statement, owner))
+    order = np.lexsort((graph.id_rank[neighbour], ~statement, owner))
     owner, neighbour = owner[order], neighbour[order]
     tokens = nodes["tokens"].to_numpy().astype(np.int64)[neighbour]
     starts = np.searchsorted(owner, np.arange(len(chosen) + 1))
@@ -182,7 +180,8 @@ def run(
         sources.append((i, picked))
         counts.append(tokens[picked].tolist())
     inputs = [[text_hash(t) for t in item.texts] for item in items]
-    kept = [anchor.kept(anchor.attributes, graph.ids[i], hashes, resummarize_share) if anchor else None
+    entity_of = dict(zip(chosen.tolist(), graph.id_column.take(pa.array(chosen, pa.int64())).to_pylist(), strict=True))
+    kept = [anchor.kept(anchor.attributes, entity_of[i], hashes, resummarize_share) if anchor else None
             for (i, _), hashes in zip(sources, inputs, strict=True)]
 
     def ask(requests: list[tuple[int, tuple[str, ...]]]) -> list:
@@ -198,15 +197,15 @@ def run(
     pairs, failures, records = [], {}, []
     for (i, picked), result, summary, hashes in zip(sources, results, kept, inputs, strict=True):
         if isinstance(result, Failure):
-            failures[graph.ids[i]] = result.reason
+            failures[entity_of[i]] = result.reason
             continue
         if summary is None:
-            records.append((graph.ids[i], hashes, [result], [], False))
+            records.append((entity_of[i], hashes, [result], [], False))
         else:
-            records.append((graph.ids[i], summary.inputs, summary.texts, [], summary.inputs != set(hashes)))
+            records.append((entity_of[i], summary.inputs, summary.texts, [], summary.inputs != set(hashes)))
         if not result.strip():  # dropped as ungrounded: the entity gets no attribute
             continue
         provenance = sorted({c for j in picked for c in chunk_ids[j]})
-        a = built.add(attribute_id(graph.ids[i]), result, provenance, name=names[i])
-        pairs.append((a, graph.ids[i]))
+        a = built.add(attribute_id(entity_of[i]), result, provenance, name=names[i])
+        pairs.append((a, entity_of[i]))
     return built.table(count_tokens), make_edges(pairs, "A-N"), failures, summaries_table(records)
