@@ -53,7 +53,7 @@ def _igraph():
 
 
 def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> np.ndarray:
-    """Community label per node (same order as graph.ids): Leiden, modularity with resolution, weighted.
+    """Community label per node (in the order of the graph's nodes): Leiden, modularity with resolution, weighted.
 
     Runs igraph's own C implementation of Leiden (`Graph.community_leiden`), seeded through a
     private `random.Random(seed)` handed to igraph for the call. The same algorithm and
@@ -61,7 +61,7 @@ def leiden(graph: Graph, seed: int, resolution: float, iterations: int = 2) -> n
     same quality on our graphs, and much faster, which matters because Leiden re-runs on the whole
     graph at every update.
     """
-    return leiden_labels(len(graph.ids), *graph.upper_edges(), seed, resolution, iterations)
+    return leiden_labels(len(graph.types), *graph.upper_edges(), seed, resolution, iterations)
 
 
 def leiden_labels(n: int, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, seed: int, resolution: float,
@@ -88,7 +88,7 @@ def anchored(graph: Graph, anchor_ids: pa.Array, anchor_labels: np.ndarray, seed
     label), a round at a time, so that a chain of new nodes joins through its first member; the new
     nodes no anchored node reaches are clustered among themselves (Leiden), under labels the anchor
     never used."""
-    at = pc.index_in(pa.array(graph.ids, pa.string()), value_set=anchor_ids)
+    at = pc.index_in(graph.id_column, value_set=anchor_ids)
     found = pc.is_valid(at).to_numpy(zero_copy_only=False)
     labels = np.where(found, anchor_labels[pc.fill_null(at, 0).to_numpy()] if len(anchor_labels) else -1, -1)
     labels = labels.astype(np.int64)
@@ -168,19 +168,21 @@ def shown_members(graph: Graph, membership: np.ndarray, tokens: np.ndarray, max_
     node takes only the room that a node gone or changed left, instead of displacing the texts the
     kept elements were written from because it has more edges."""
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
-    degree = graph.degree
     before = np.zeros(len(graph.types), bool) if shown_before is None else shown_before
-    members: dict[int, list[int]] = defaultdict(list)
-    for i in content.tolist():
-        members[int(membership[i])].append(i)
+    community = membership[content].astype(np.int64)
+    # per community (ascending): shown before first, then attributes, then by degree (highest first), then id
+    order = np.lexsort((graph.id_rank[content], -graph.degree[content], graph.types[content] != "A", ~before[content],
+                        community))
+    rows, community = content[order], community[order]
+    starts = np.flatnonzero(np.r_[True, community[1:] != community[:-1]]) if len(rows) else np.zeros(0, np.int64)
+    spent = np.cumsum(tokens[rows])
+    spent -= np.repeat(spent[starts] - tokens[rows[starts]], np.diff(np.r_[starts, len(rows)]))  # within each
+    keep = spent <= max_tokens
     shown = []
-    for community in sorted(members):
-        order = sorted(members[community],
-                       key=lambda i: (not before[i], graph.types[i] != "A", -degree[i], graph.ids[i]))
-        keep = np.cumsum(tokens[order]) <= max_tokens
-        kept = [i for i, k in zip(order, keep, strict=True) if k]
+    for start, end in zip(starts.tolist(), np.r_[starts[1:], len(rows)].tolist(), strict=True):
+        kept = rows[start:end][keep[start:end]]
         if len(kept) >= 2:
-            shown.append((community, kept))
+            shown.append((int(community[start]), kept.tolist()))
     return shown
 
 
@@ -279,8 +281,9 @@ def run(
             (h_s if node.startswith("S_") else h_a).append((h, node))
     new_edges = merge_edges([make_edges(h_o, "H-O"), make_edges(h_s, "H-S"), make_edges(h_a, "H-A")])
 
-    ids = graph.ids.tolist() + new_nodes["id"].to_pylist()
-    labels = membership.tolist() + [h_community.get(i, -1) for i in new_nodes["id"].to_pylist()]
-    assignments = pa.table({"id": pa.array(ids, pa.string()), "community": pa.array(labels, pa.int32())})
+    new_ids = new_nodes["id"].to_pylist()
+    labels = np.concatenate([membership, np.array([h_community.get(i, -1) for i in new_ids], np.int64)])
+    assignments = pa.table({"id": pa.concat_arrays([graph.id_column.cast(pa.string()), pa.array(new_ids, pa.string())]),
+                            "community": pa.array(labels.astype(np.int32))})
     return new_nodes, new_edges, assignments, failures, summaries_table(records), \
         centroids_table(centroids, embedder.model_id)
