@@ -266,19 +266,22 @@ def run(
     # semantic matching within community
     h_ids = [i for i in new_nodes["id"].to_pylist() if i.startswith("H_")]
     h_texts = dict(zip(new_nodes["id"].to_pylist(), new_nodes["text"].to_pylist(), strict=True))
-    pool_ids = [graph.ids[i] for i in content.tolist()] + h_ids
     pool_vectors = embedder.embed(texts + [h_texts[h] for h in h_ids], STORED_DTYPE)  # as held: half precision
     kept_centroids = anchor.centroids(SEMANTIC_CENTROIDS, embedder.model_id, embedder.dim) if anchor else None
-    clusters, centroids = kmeans_labels(pool_vectors, seed, kept_centroids) if len(pool_ids) else \
+    clusters, centroids = kmeans_labels(pool_vectors, seed, kept_centroids) if len(pool_vectors) else \
         (np.zeros(0, np.int64), None)
     pool_community = np.concatenate([membership[content], np.array([h_community[h] for h in h_ids], dtype=np.int32)])
-    buckets: dict[tuple[int, int], list[str]] = defaultdict(list)
-    for node, community, cluster in zip(pool_ids[: len(content)], pool_community[: len(content)].tolist(), clusters[: len(content)].tolist(), strict=True):
-        buckets[(community, cluster)].append(node)
+    buckets: dict[tuple[int, int], list[int]] = defaultdict(list)  # the content rows of each (community, cluster)
+    for row, community, cluster in zip(content.tolist(), pool_community[: len(content)].tolist(),
+                                       clusters[: len(content)].tolist(), strict=True):
+        buckets[(community, cluster)].append(row)
+    matched = [(h, row) for h, community, cluster in zip(h_ids, pool_community[len(content) :].tolist(),
+                                                          clusters[len(content) :].tolist(), strict=True)
+               for row in buckets.get((community, cluster), [])]
+    matched_ids = graph.id_column.take(pa.array([row for _, row in matched], pa.int64())).to_pylist()  # these only
     h_s, h_a = [], []
-    for h, community, cluster in zip(h_ids, pool_community[len(content) :].tolist(), clusters[len(content) :].tolist(), strict=True):
-        for node in buckets.get((community, cluster), []):
-            (h_s if node.startswith("S_") else h_a).append((h, node))
+    for (h, _), node in zip(matched, matched_ids, strict=True):
+        (h_s if node.startswith("S_") else h_a).append((h, node))
     new_edges = merge_edges([make_edges(h_o, "H-O"), make_edges(h_s, "H-S"), make_edges(h_a, "H-A")])
 
     new_ids = new_nodes["id"].to_pylist()
