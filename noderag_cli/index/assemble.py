@@ -30,7 +30,7 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, distinct
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, distinct, rows_in
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, prepare
 from ..workspace import VECTOR_DIGESTS, Workspace
@@ -67,18 +67,29 @@ def _doc_ids(chunk_lists: pa.ListArray, chunks: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(docs[codes % max(len(docs), 1)], pa.string()))
 
 
-def final_nodes(run: Reads, ids: list[str]) -> pa.Table:
+def final_nodes(run: Reads, ids: pa.Array) -> pa.Table:
     """The nodes of every stage that makes them, sorted by id, with their documents (through their
-    chunks), their community and their row in the vector index."""
+    chunks), their community and their row in the vector index (`ids`: the embedded nodes')."""
     nodes = run.nodes(*NODE_OUTPUTS).sort_by("id")
     doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), run.read(CHUNKS))
-    assignments = run.read(ASSIGNMENTS)
-    community = pc.take(assignments["community"], pc.index_in(nodes["id"], value_set=assignments["id"]))
+    assignments = run.read(ASSIGNMENTS)  # sorted by id
+    at = _rows_among(nodes["id"], assignments["id"].combine_chunks())
+    community = np.full(len(at), -1, np.int32)
+    community[at >= 0] = assignments["community"].to_numpy()[at[at >= 0]]
     columns = {name: nodes[name] for name in NODE_COLUMNS}
     columns["doc_ids"] = doc_ids
-    columns["community"] = pc.fill_null(community, -1).cast(pa.int32())
-    columns["vector_row"] = pc.fill_null(pc.index_in(nodes["id"], value_set=pa.array(ids, pa.string())), -1).cast(pa.int32())
+    columns["community"] = pa.array(community)
+    columns["vector_row"] = pa.array(_rows_among(nodes["id"], ids).astype(np.int32))
     return pa.table(columns).cast(NODE_SCHEMA)
+
+
+def _rows_among(wanted: pa.ChunkedArray, among: pa.Array) -> np.ndarray:
+    """Per id of `wanted`, its row in `among` (sorted, distinct), -1 where absent: `graph.rows_in`, a
+    binary search of node ids, or a hash table of the strings for ids of another form."""
+    rows = rows_in(among, wanted)
+    if rows is None:
+        rows = pc.fill_null(pc.index_in(wanted, value_set=among), -1).to_numpy()
+    return rows
 
 
 def counts(nodes: pa.Table, edges: pa.Table) -> dict:
@@ -111,7 +122,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     current; then remove the generations and the files of the older layout that no reader holds.
     `centroids`: the search's vector-side clusters an incremental update keeps (anchor.py)."""
     ws = run.ws
-    ids = run.read(VECTOR_IDS, ["id"])["id"].to_pylist()
+    ids = run.read(VECTOR_IDS, ["id"])["id"].combine_chunks()
     vector_file = run.input_path(VECTORS)
     vectors = ivf.read_stored(vector_file)  # mapped, half precision: prepare widens what it reads
     documents = run.read(DOCUMENTS)
