@@ -442,21 +442,28 @@ def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_on
 
 def test_an_update_takes_the_last_builds_vectors_back_with_or_without_their_stored_digests(base, tmp_path):
     """The embedder's memory is filled from the last build's vectors by the digests of their texts:
-    those the build stores beside them, or, for a build made before it stored them, its texts
-    hashed. Either way a renamed document costs no vector, and the update's tables are the same."""
+    those the build stores beside them, or, for a build without them (made before builds stored
+    them) or whose file of them does not match its manifest, its texts hashed. Either way a renamed
+    document costs no vector, and the update's tables are the same."""
     import json
 
-    from noderag_cli.files import json_digest
+    from noderag_cli.files import file_digest, json_digest
     from noderag_cli.workspace import VECTOR_DIGESTS
 
-    for stored in (True, False):
-        corpus, workspace = working_copy(base, tmp_path / str(stored))
-        if not stored:  # as an earlier build: no digests file in its manifest
-            manifest_path = build_file(workspace, "manifest.json")
-            manifest = json.loads(manifest_path.read_text())
-            del manifest["files"][VECTOR_DIGESTS], manifest["checksum"]
-            manifest_path.write_text(json.dumps({**manifest, "checksum": json_digest(manifest)}))
-            build_file(workspace, VECTOR_DIGESTS).unlink()
+    for stored in ("kept", "none", "ids only"):
+        corpus, workspace = working_copy(base, tmp_path / stored)
+        manifest_path, digests = build_file(workspace, "manifest.json"), build_file(workspace, VECTOR_DIGESTS)
+        manifest = json.loads(manifest_path.read_text())
+        del manifest["checksum"]
+        if stored == "none":  # as an earlier build: no digests file
+            del manifest["files"][VECTOR_DIGESTS]
+            digests.unlink()
+        if stored == "ids only":  # the file of ids alone that an earlier version's embed stage wrote
+            ids_only = pq.read_table(digests, columns=["id"])
+            digests.unlink()  # a hard link to the embed stage's file: not written through
+            pq.write_table(ids_only, digests)
+            manifest["files"][VECTOR_DIGESTS] = {"bytes": digests.stat().st_size, "blake2b": file_digest(digests)}
+        manifest_path.write_text(json.dumps({**manifest, "checksum": json_digest(manifest)}))
         shutil.move(corpus / "greyling_medal.md", corpus / "greyling_medal_renamed.md")
         run = index(workspace, corpus)
         assert vectors_computed(run) == 0, stored

@@ -360,25 +360,33 @@ def _write_cache_keys(ws: Workspace, stage: str, touched: dict[str, set[str]]) -
 def _recall_vectors(ws: Workspace, embedder: Embedder) -> None:
     """The last complete build's vectors, by the digests of their texts, into the embedder's memory:
     an update's unchanged nodes then cost no cache look-up (9,000 of them took ~0.1 s on MuSiQue).
-    The digests are the build's own (`VECTOR_DIGESTS`); a build made before it kept them has its
-    texts hashed."""
+    The digests are the build's own (`VECTOR_DIGESTS`); a build without them (made before builds kept
+    them, or whose vectors an earlier version embedded) has its texts hashed."""
     try:
         with assemble.open_current(ws) as built:
-            if built is None:
-                return
-            stored = VECTOR_DIGESTS in built.manifest.get("files", {})
-            if built.verify((VECTOR_DIGESTS if stored else NODES, "vectors.faiss")):
+            if built is None or built.verify(("vectors.faiss",)):
                 return  # a damaged file is read by no one: the embed stage then finds every vector in the cache
+            keys = _stored_digests(built)
+            if keys is None:
+                if built.verify((NODES,)):
+                    return
+                keys = _text_digests(built)
             vectors = ivf.read_stored(built.path("vectors.faiss"))  # mapped, as stored: no float32 copy
-            keys = _stored_digests(built) if stored else _text_digests(built)
     except (OSError, RuntimeError, pa.ArrowInvalid, WorkspaceError):
         return  # a damaged earlier build: the cache still has every vector
     if keys is not None and len(keys) == len(vectors):
         embedder.remember(keys, vectors)  # the file's rows, mapped
 
 
-def _stored_digests(built: Generation) -> np.ndarray:
-    column = built.table(VECTOR_DIGESTS.removesuffix(".parquet"), ["text_digest"])["text_digest"].combine_chunks()
+def _stored_digests(built: Generation) -> np.ndarray | None:
+    """The digests a build keeps of its vectors' texts, in their order; None where it has none, or
+    they do not match its manifest."""
+    if VECTOR_DIGESTS not in built.manifest.get("files", {}) or built.verify((VECTOR_DIGESTS,)):
+        return None
+    table = built.table(VECTOR_DIGESTS.removesuffix(".parquet"))
+    if "text_digest" not in table.column_names:
+        return None
+    column = table["text_digest"].combine_chunks()
     return np.frombuffer(column.buffers()[1], "S16", len(column), column.offset * 16)
 
 
