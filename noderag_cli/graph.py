@@ -227,6 +227,15 @@ def rows_in(ids: pa.Array | pa.ChunkedArray, wanted: pa.Array | pa.ChunkedArray)
     return None if lookup is None else lookup.rows(wanted)
 
 
+def node_rows(ids: pa.Array, wanted: pa.Array | pa.ChunkedArray, lookup: IdRows | None) -> np.ndarray:
+    """Per id of `wanted`, its row in `ids`, -1 where it is not there: by `lookup` (`IdRows.of(ids)`,
+    a binary search) where the ids allow, else by hashing the strings (`pc.index_in`)."""
+    rows = lookup.rows(wanted) if lookup is not None else None
+    if rows is None:
+        rows = pc.fill_null(pc.index_in(wanted, value_set=ids), -1).to_numpy(zero_copy_only=False)
+    return rows
+
+
 @dataclass(frozen=True)
 class IdRows:
     """Sorted node ids as `hex_ids`, with each type's span of rows: parsed once for the look-ups
@@ -382,11 +391,8 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     from (int64: entry k is edge `order[k]` of the table, seen from its source when below the
     table's length, else edge `order[k]` - length seen from its target)."""
     n = len(id_column)
-    lookup = IdRows.of(id_column)
-    src, dst = (lookup.rows(edges["source"]), lookup.rows(edges["target"])) if lookup else (None, None)
-    if src is None or dst is None:  # ids of another form, or nodes not sorted by id
-        src, dst = (pc.fill_null(pc.index_in(edges[end], value_set=id_column), -1).to_numpy(zero_copy_only=False)
-                    for end in ("source", "target"))
+    lookup = IdRows.of(id_column)  # parsed once for both ends; None for ids of another form or not sorted
+    src, dst = (node_rows(id_column, edges[end], lookup) for end in ("source", "target"))
     if (src < 0).any() or (dst < 0).any():
         raise ValueError("edge table names a node that is not in the node table")
     src, dst = src.astype(np.int32, copy=False), dst.astype(np.int32, copy=False)

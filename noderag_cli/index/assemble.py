@@ -30,7 +30,7 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, distinct, rows_in
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, IdRows, distinct, node_rows
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, prepare
 from ..workspace import VECTOR_DIGESTS, Workspace
@@ -73,23 +73,16 @@ def final_nodes(run: Reads, ids: pa.Array) -> pa.Table:
     nodes = run.nodes(*NODE_OUTPUTS).sort_by("id")
     doc_ids = _doc_ids(nodes["chunk_ids"].combine_chunks(), run.read(CHUNKS))
     assignments = run.read(ASSIGNMENTS)  # sorted by id
-    at = _rows_among(nodes["id"], assignments["id"].combine_chunks())
+    among = assignments["id"].combine_chunks()
+    at = node_rows(among, nodes["id"], IdRows.of(among))
     community = np.full(len(at), -1, np.int32)
     community[at >= 0] = assignments["community"].to_numpy()[at[at >= 0]]
     columns = {name: nodes[name] for name in NODE_COLUMNS}
     columns["doc_ids"] = doc_ids
     columns["community"] = pa.array(community)
-    columns["vector_row"] = pa.array(_rows_among(nodes["id"], ids).astype(np.int32))
+    columns["vector_row"] = pa.array(node_rows(ids, nodes["id"], IdRows.of(ids)).astype(np.int32))
     return pa.table(columns).cast(NODE_SCHEMA)
 
-
-def _rows_among(wanted: pa.ChunkedArray, among: pa.Array) -> np.ndarray:
-    """Per id of `wanted`, its row in `among` (sorted, distinct), -1 where absent: `graph.rows_in`, a
-    binary search of node ids, or a hash table of the strings for ids of another form."""
-    rows = rows_in(among, wanted)
-    if rows is None:
-        rows = pc.fill_null(pc.index_in(wanted, value_set=among), -1).to_numpy()
-    return rows
 
 
 def counts(nodes: pa.Table, edges: pa.Table) -> dict:
