@@ -34,7 +34,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check noderag_cli tests bench devtools
 
 test: $(VENV)/.test-installed lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n auto --dist loadfile
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m bench.bench --out docs/benchmarks.md
