@@ -238,3 +238,41 @@ def test_id_hashes_give_the_ids_back_and_refuse_other_ids():
                         ("S_00000", "S"), ("N_0000000000000000", "S")):
         with pytest.raises(ValueError, match="not <type>_<16 hex>"):
             id_hashes(pa.array([bad]), type_codes_of(pa.array([letter])))
+
+
+def test_places_are_each_chunks_json_and_one_place_chunks_lie_on_one_page():
+    """Every place is what json.dumps writes for its document, hash, span and marks, whatever the
+    path holds (quotes, a backslash, a control character, non-ASCII); a node's places come by path,
+    then position; a chunk two documents share is a place in each, and a missing document shows as
+    its id. Only a chunk over one page (or none) lies on one place."""
+    import json
+
+    import pyarrow as pa
+
+    from noderag_cli.search.prepare import one_place_chunks, places, type_codes_of
+
+    documents = pa.table({"doc_id": ["D_a", "D_b", "D_c"], "path": ['say "hi".pdf', "b\\slash\tx.md", "zé/ü.txt"],
+                          "content_hash": ["h1", "h2", "h3"]})
+    chunks = pa.table({
+        "chunk_id": ["T_2", "T_1", "T_3", "T_2", "T_4"],
+        "doc_id": ["D_b", "D_a", "D_c", "D_c", "D_gone"],
+        "start": [10, 0, 5, 7, 0], "end": [20, 9, 15, 17, 3],
+        "location": ['{"pages":[1,2],"sections":[["A é",0]]}', '{"pages":[3]}', None, "{}", '{"sheets":["S"]}']})
+    nodes = pa.table({"id": ["N_x", "S_1", "T_1", "T_2", "T_3", "T_4"], "type": ["N", "S", "T", "T", "T", "T"],
+                      "chunk_ids": [["T_1"], ["T_2", "T_1"], ["T_1"], ["T_2"], ["T_3"], ["T_4"]]})
+    indptr, rows, table = places(nodes, type_codes_of(nodes["type"]), documents, chunks)
+    by_doc = {d: (p, h) for d, p, h in zip(*documents.to_pydict().values(), strict=True)}
+    ordered = sorted(chunks.to_pylist(), key=lambda c: (c["chunk_id"], c["doc_id"]))
+    expected = [json.dumps({"document": by_doc.get(c["doc_id"], (c["doc_id"], ""))[0],
+                            "content_hash": by_doc.get(c["doc_id"], (c["doc_id"], ""))[1],
+                            "span": [c["start"], c["end"]], "marks": json.loads(c["location"] or "{}")},
+                           ensure_ascii=False, separators=(",", ":")) for c in ordered]
+    assert table["place"].to_pylist() == expected
+    assert table["chunk_node"].to_pylist() == [2, 3, 3, 4, 5]
+    shown = [[json.loads(expected[r])["document"] for r in rows[indptr[i]:indptr[i + 1]]] for i in range(6)]
+    assert shown == [[], ["b\\slash\tx.md", 'say "hi".pdf', "zé/ü.txt"], ['say "hi".pdf'],
+                     ["b\\slash\tx.md", "zé/ü.txt"], ["zé/ü.txt"], ["D_gone"]]
+    # T_2's last row (D_c, no marks) decides: one place; T_1 is on page 3, T_3 has none, T_4 one sheet
+    assert one_place_chunks(nodes, chunks).tolist() == [False, False, True, True, True, True]
+    chunks = chunks.set_column(4, "location", pa.array(["{}", '{"pages":[3]}', None, '{"slides":[1,2]}', "{}"]))
+    assert one_place_chunks(nodes, chunks).tolist() == [False, False, True, False, True, True]

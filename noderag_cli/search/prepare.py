@@ -215,6 +215,27 @@ def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarr
     return indptr, codes[order], names
 
 
+def _marks(chunks: pa.Table) -> tuple[pa.Array, list]:
+    """Per chunk, the index of its location among the distinct ones, and those locations parsed
+    (`chunk.location`'s JSON): a folder's chunks share a handful of locations, or one each on pages."""
+    distinct_locations = pc.unique(pc.fill_null(chunks["location"], "{}"))
+    at = pc.index_in(pc.fill_null(chunks["location"], "{}"), value_set=distinct_locations)
+    return at, [json.loads(where or "{}") for where in distinct_locations.to_pylist()]
+
+
+_PLAIN = r'^[^"\\\x00-\x1f]*$'  # a string JSON writes between quotes as it is (ensure_ascii off)
+
+
+def _json_strings(values: pa.Array) -> pa.Array:
+    """Each string as a JSON string literal, as `json.dumps(..., ensure_ascii=False)` writes it."""
+    plain = pc.match_substring_regex(values, _PLAIN).to_numpy(zero_copy_only=False)
+    quoted = pc.binary_join_element_wise('"', values, '"', "")
+    if plain.all():
+        return quoted
+    escaped = [json.dumps(v, ensure_ascii=False) for v in pc.filter(values, pa.array(~plain)).to_pylist()]
+    return pc.replace_with_mask(quoted, pa.array(~plain), pa.array(escaped, pa.string()))
+
+
 def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.Table | None
            ) -> tuple[np.ndarray, np.ndarray, pa.Table]:
     """Per retrievable node, the places it came from (CSR: indptr int64, rows int32 into the places
@@ -223,20 +244,23 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     span and `marks` (`chunk.location`: the pages, slides, sheets and sections over the chunk, with
     where each starts in its text), as JSON, and the chunk's T node row (`chunk_node`), whose text
     the search finds a unit in to narrow the place to it (`Retriever._places_of`). Entities and
-    overviews, never shown, get none."""
+    overviews, never shown, get none. The JSON is joined column by column, each piece written as
+    `json.dumps` writes it."""
     n = nodes.num_rows
     if chunks is None or not chunks.num_rows:
         return (np.zeros(n + 1, np.int64), np.zeros(0, np.int32),
                 pa.table({"place": pa.array([], pa.string()), "chunk_node": pa.array([], pa.int32())}))
     chunks = chunks.sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
-    by_doc = {d: (p, h) for d, p, h in zip(*(documents[c].to_pylist() for c in ("doc_id", "path", "content_hash")),
-                                           strict=True)}
-    texts = []
-    for doc, start, end, where in zip(*(chunks[c].to_pylist() for c in ("doc_id", "start", "end", "location")),
-                                      strict=True):
-        path, content_hash = by_doc.get(doc, (doc, ""))
-        place = {"document": path, "content_hash": content_hash, "span": [start, end], "marks": json.loads(where or "{}")}
-        texts.append(json.dumps(place, ensure_ascii=False, separators=(",", ":")))
+    doc = pc.index_in(chunks["doc_id"], value_set=documents["doc_id"].combine_chunks())
+    known_doc = pc.is_valid(doc)
+    paths = pc.if_else(known_doc, pc.take(documents["path"].combine_chunks(), pc.fill_null(doc, 0)), chunks["doc_id"])
+    hashes = pc.if_else(known_doc, pc.take(documents["content_hash"].combine_chunks(), pc.fill_null(doc, 0)), "")
+    location, marks = _marks(chunks)
+    marks_json = pa.array([json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in marks], pa.string())
+    texts = pc.binary_join_element_wise(
+        '{"document":', _json_strings(paths), ',"content_hash":', _json_strings(hashes),
+        ',"span":[', pc.cast(chunks["start"], pa.string()), ",", pc.cast(chunks["end"], pa.string()),
+        '],"marks":', pc.take(marks_json, location), "}", "")
     chunk_node = pc.fill_null(pc.index_in(chunks["chunk_id"], value_set=nodes["id"]), -1).cast(pa.int32())
     chunk_ids = chunks["chunk_id"].to_numpy(zero_copy_only=False)
     once, first, count = np.unique(chunk_ids, return_index=True, return_counts=True)
@@ -250,24 +274,27 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     chunk = pc.fill_null(found, 0).to_numpy()[known]
     owner = np.repeat(owner, count[chunk])
     rows = np.repeat(first[chunk] - np.cumsum(np.r_[0, count[chunk]])[:-1], count[chunk]) + np.arange(len(owner))
-    paths = [by_doc.get(doc, (doc, ""))[0] for doc in chunks["doc_id"].to_pylist()]
-    path_rank = np.unique(np.asarray(paths, dtype=object), return_inverse=True)[1]
+    path_rank = pc.rank(paths, tiebreaker="dense").to_numpy()  # byte order of UTF-8 = Python's string order
     starts = chunks["start"].to_numpy()
     rows = rows[np.lexsort((starts[rows], path_rank[rows], owner))]  # a node's places by document, then place in it
     indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))].astype(np.int64)
-    return indptr, rows.astype(np.int32), pa.table({"place": pa.array(texts, pa.string()), "chunk_node": chunk_node})
+    return indptr, rows.astype(np.int32), pa.table({"place": texts, "chunk_node": chunk_node})
 
 
 def one_place_chunks(nodes: pa.Table, chunks: pa.Table | None) -> np.ndarray:
     """Per node, whether it is a chunk (T) that lies on one page, slide or sheet (or a document that
-    has none): shown whole, it is cited as exactly as its units are."""
+    has none): shown whole, it is cited as exactly as its units are. A chunk two documents share
+    is judged by its last row."""
     one = np.zeros(nodes.num_rows, bool)
     if chunks is None or not chunks.num_rows:
         return one
-    spread = {chunk: any(len(json.loads(where or "{}").get(kind, [])) > 1 for kind in ("pages", "slides", "sheets"))
-              for chunk, where in zip(chunks["chunk_id"].to_pylist(), chunks["location"].to_pylist(), strict=True)}
-    ids = nodes["id"].to_pylist()
-    one[:] = [spread.get(node) is False for node in ids]
+    location, marks = _marks(chunks)
+    spread = np.array([any(len(m.get(kind, [])) > 1 for kind in ("pages", "slides", "sheets")) for m in marks], bool)
+    last_first = pa.array(np.arange(chunks.num_rows - 1, -1, -1))  # index_in finds a chunk id's first row
+    at = pc.index_in(nodes["id"], value_set=chunks["chunk_id"].combine_chunks().take(last_first))
+    found = pc.is_valid(at).to_numpy(zero_copy_only=False)
+    row = chunks.num_rows - 1 - pc.fill_null(at, 0).to_numpy()
+    one[found] = ~spread[location.to_numpy(zero_copy_only=False)[row[found]]]
     return one
 
 
