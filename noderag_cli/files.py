@@ -220,4 +220,8 @@ def file_digest(path: Path) -> str:
 
 
 def json_digest(obj) -> str:
-    return hashlib.blake2b(json.dumps(obj, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return digest_text(json.dumps(obj, sort_keys=True))
+
+
+def digest_text(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

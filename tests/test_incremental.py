@@ -468,3 +468,16 @@ def test_an_update_takes_the_last_builds_vectors_back_with_or_without_their_stor
         run = index(workspace, corpus)
         assert vectors_computed(run) == 0, stored
         assert_same_tables(workspace, fresh(corpus, tmp_path / f"fresh-{stored}"))
+
+
+def test_the_decomposition_cache_keys_are_the_digests_of_identity_title_and_text():
+    """The keys a workspace's cache holds are the digest of [identity, title, text] as json_digest
+    writes it: keys made another way would find none of the entries an earlier run paid for."""
+    from noderag_cli.files import json_digest
+    from noderag_cli.index.decompose import cache_keys
+
+    identity = {"name": "litellm", "model": "m", "sampling": {"temperature": 0.0, "seed": 7}, "prompts": ["é", 1]}
+    chunks = [("", ""), ("Title", "text"), ('a "quoted" title', "line\nbreak\ttab \\ back"), ("Zoë", "日本語 ☃ \u2028"),
+              ("\x00", "\ud83d\ude00")]
+    assert cache_keys(identity, chunks) == [json_digest([identity, title, text]) for title, text in chunks]
+    assert cache_keys(identity, iter(chunks)) == cache_keys(identity, chunks)

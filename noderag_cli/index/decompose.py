@@ -17,7 +17,7 @@ the same tables as a fresh build, without re-reading or re-normalising unchanged
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from .. import nlp
 from ..cache import DECOMPOSE, Cache
 from ..engines.base import ChunkInput, Engine, Failure, Unit
 from ..executor import Executor, release_memory
-from ..files import json_digest
+from ..files import digest_text
 from ..graph import (
     edge_rows,
     entity_id,
@@ -56,8 +56,12 @@ LINK_SCHEMA = pa.schema([
 ])
 
 
-def cache_key(engine_identity: dict, title: str, text: str) -> str:
-    return json_digest([engine_identity, title, text])
+def cache_keys(engine_identity: dict, chunks: Iterable[tuple[str, str]]) -> list[str]:
+    """Each (title, text) chunk's decomposition cache key: the digest of [identity, title, text] as
+    `files.json_digest` writes it, with the identity's JSON written once for the folder's chunks
+    instead of once each."""
+    head = f"[{json.dumps(engine_identity, sort_keys=True)}, "
+    return [digest_text(f"{head}{json.dumps(title)}, {json.dumps(text)}]") for title, text in chunks]
 
 
 def input_name(chunk_id: str, key: str) -> str:
@@ -95,7 +99,7 @@ def decompose_chunks(
         for c, t, title in zip(chunks["chunk_id"].to_pylist(), chunks["text"].to_pylist(), chunks["title"].to_pylist(), strict=True)
     ]
     inputs = list({c.chunk_id + "\x1f" + c.title: c for c in inputs}.values())
-    keys = [cache_key(engine.identity, c.title, c.text) for c in inputs]
+    keys = cache_keys(engine.identity, ((c.title, c.text) for c in inputs))
     names = [input_name(c.chunk_id, k) for c, k in zip(inputs, keys, strict=True)]
     kept_occurrences, kept_links, known, gone = _kept_rows(previous, names)
     stats = engine.stats.task("decompose")
@@ -267,7 +271,7 @@ def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:
     if engine.pure_decompose is None:
         return 0
     pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
-    return cache.delete_many(DECOMPOSE, {cache_key(engine.identity, title, text) for title, text in pairs})
+    return cache.delete_many(DECOMPOSE, set(cache_keys(engine.identity, pairs)))
 
 
 def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):

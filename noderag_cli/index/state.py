@@ -18,7 +18,7 @@ from ..config import Config
 from ..engines.identity import identity
 from ..workspace import CACHE_KEYS, FORMAT_VERSION, Workspace
 from . import assemble
-from .decompose import cache_key, input_key, input_name
+from .decompose import cache_keys, input_key, input_name
 from .outputs import CHUNKS, DECOMPOSE_FAILURES, DOCUMENTS, FAILURES, OCCURRENCES
 from .stages import STAGES
 
@@ -147,7 +147,7 @@ def decomposed(ws: Workspace, cache: Cache | None, config: Config, chunks: list[
     rows the decompose stage keeps (where a pure engine's work is, once committed)."""
     if not chunks:
         return set()
-    keys = [cache_key(identity(config.llm), title, text) for _, title, text in chunks]
+    keys = cache_keys(identity(config.llm), ((title, text) for _, title, text in chunks))
     found = cache.get_many(DECOMPOSE, keys) if cache is not None else {}
     rows = OCCURRENCES.path(ws)
     kept: set[str] = set()
