@@ -276,3 +276,7 @@ def test_places_are_each_chunks_json_and_one_place_chunks_lie_on_one_page():
     assert one_place_chunks(nodes, chunks).tolist() == [False, False, True, True, True, True]
     chunks = chunks.set_column(4, "location", pa.array(["{}", '{"pages":[3]}', None, '{"slides":[1,2]}', "{}"]))
     assert one_place_chunks(nodes, chunks).tolist() == [False, False, True, False, True, True]
+    # a build whose documents table lost every row still shows each place under its document id
+    empty = documents.slice(0, 0)
+    _, _, table = places(nodes, type_codes_of(nodes["type"]), empty, chunks)
+    assert [json.loads(p)["document"] for p in table["place"].to_pylist()] == ["D_a", "D_b", "D_c", "D_c", "D_gone"]

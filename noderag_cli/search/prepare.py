@@ -250,11 +250,10 @@ def places(nodes: pa.Table, codes: np.ndarray, documents: pa.Table, chunks: pa.T
     if chunks is None or not chunks.num_rows:
         return (np.zeros(n + 1, np.int64), np.zeros(0, np.int32),
                 pa.table({"place": pa.array([], pa.string()), "chunk_node": pa.array([], pa.int32())}))
-    chunks = chunks.sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")])
-    doc = pc.index_in(chunks["doc_id"], value_set=documents["doc_id"].combine_chunks())
-    known_doc = pc.is_valid(doc)
-    paths = pc.if_else(known_doc, pc.take(documents["path"].combine_chunks(), pc.fill_null(doc, 0)), chunks["doc_id"])
-    hashes = pc.if_else(known_doc, pc.take(documents["content_hash"].combine_chunks(), pc.fill_null(doc, 0)), "")
+    chunks = chunks.sort_by([("chunk_id", "ascending"), ("doc_id", "ascending")]).combine_chunks()
+    doc = pc.index_in(chunks["doc_id"], value_set=documents["doc_id"].combine_chunks())  # null: not a document
+    paths = pc.coalesce(pc.take(documents["path"].combine_chunks(), doc), chunks["doc_id"])
+    hashes = pc.coalesce(pc.take(documents["content_hash"].combine_chunks(), doc), "")
     location, marks = _marks(chunks)
     marks_json = pa.array([json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in marks], pa.string())
     texts = pc.binary_join_element_wise(
