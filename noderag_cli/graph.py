@@ -217,16 +217,6 @@ def _hex(text: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return raw[:, 0].copy(), np.ascontiguousarray(packed).view(">u8").ravel().astype(np.uint64)
 
 
-def rows_in(ids: pa.Array | pa.ChunkedArray, wanted: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
-    """Per id of `wanted`, its row in `ids` (node ids, sorted, distinct; int32), -1 where it is not
-    there: a binary search of numbers within each type's rows instead of a hash table of strings
-    (a build's millions of ids: less time, and no table of them all in memory), `ROWS_BLOCK` ids
-    at a time. None unless both are `hex_ids` and `ids` is sorted and distinct; then hashing
-    strings (`pc.index_in`) is the way."""
-    lookup = IdRows.of(ids)
-    return None if lookup is None else lookup.rows(wanted)
-
-
 def node_rows(ids: pa.Array, wanted: pa.Array | pa.ChunkedArray, lookup: IdRows | None) -> np.ndarray:
     """Per id of `wanted`, its row in `ids`, -1 where it is not there: by `lookup` (`IdRows.of(ids)`,
     a binary search) where the ids allow, else by hashing the strings (`pc.index_in`)."""
@@ -239,7 +229,9 @@ def node_rows(ids: pa.Array, wanted: pa.Array | pa.ChunkedArray, lookup: IdRows 
 @dataclass(frozen=True)
 class IdRows:
     """Sorted node ids as `hex_ids`, with each type's span of rows: parsed once for the look-ups
-    of several columns (an edge table's two ends)."""
+    of several columns (an edge table's two ends). A look-up is a binary search of numbers within
+    each type's rows instead of a hash table of strings (a build's millions of ids: less time, and
+    no table of them all in memory), `ROWS_BLOCK` ids at a time."""
 
     numbers: np.ndarray
     spans: dict[int, tuple[int, int]]  # type letter's byte -> its rows [low, high)
@@ -259,7 +251,8 @@ class IdRows:
                              for letter in np.flatnonzero(np.bincount(letters, minlength=256))})
 
     def rows(self, wanted: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
-        """`rows_in` of `wanted`; None unless it is all `<letter>_<16 hex>` ids."""
+        """Per id of `wanted`, its row (int32), -1 where it is not there; None unless `wanted` is all
+        `<letter>_<16 hex>` ids (then `node_rows` hashes the strings)."""
         text = fixed_width(wanted)
         if text is None:
             return None

@@ -104,7 +104,7 @@ def test_stage_edge_tables_merge_as_sorted_tables_into_merge_edges_bytes():
 
 
 def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_finds_them(monkeypatch):
-    """`graph.rows_in` (how the graph-wide stages turn edge ends into node rows): the same rows as
+    """`graph.IdRows` (how the graph-wide stages turn edge ends into node rows): the same rows as
     Arrow's `index_in` of the strings, -1 for an id the nodes lack, across types whose numbers
     overlap; and None (the caller then hashes the strings) for nodes not sorted by id or ids of
     another form. `csr_entries` gives the same arrays either way."""
@@ -113,7 +113,11 @@ def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_f
     import pyarrow.compute as pc
 
     from noderag_cli import graph
-    from noderag_cli.graph import csr_entries, rows_in
+    from noderag_cli.graph import IdRows, csr_entries
+
+    def rows_in(ids, wanted):  # None where the binary search does not apply
+        lookup = IdRows.of(ids)
+        return None if lookup is None else lookup.rows(wanted)
 
     monkeypatch.setattr(graph, "ROWS_BLOCK", 64)  # ids parsed a block at a time: several blocks here
     rng = np.random.default_rng(4)

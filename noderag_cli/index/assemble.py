@@ -84,7 +84,6 @@ def final_nodes(run: Reads, ids: pa.Array) -> pa.Table:
     return pa.table(columns).cast(NODE_SCHEMA)
 
 
-
 def counts(nodes: pa.Table, edges: pa.Table) -> dict:
     """What `stats` shows of a build, computed once here."""
     by_type = {t: 0 for t in NODE_TYPES}

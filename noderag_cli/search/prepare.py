@@ -218,8 +218,9 @@ def document_lists(doc_ids: pa.ListArray, documents: pa.Table) -> tuple[np.ndarr
 def _marks(chunks: pa.Table) -> tuple[pa.Array, list]:
     """Per chunk, the index of its location among the distinct ones, and those locations parsed
     (`chunk.location`'s JSON): a folder's chunks share a handful of locations, or one each on pages."""
-    distinct_locations = pc.unique(pc.fill_null(chunks["location"], "{}"))
-    at = pc.index_in(pc.fill_null(chunks["location"], "{}"), value_set=distinct_locations)
+    locations = pc.fill_null(chunks["location"], "{}")
+    distinct_locations = pc.unique(locations)
+    at = pc.index_in(locations, value_set=distinct_locations)
     return at, [json.loads(where or "{}") for where in distinct_locations.to_pylist()]
 
 
