@@ -275,3 +275,27 @@ def test_a_question_that_asks_who_is_not_answered_with_a_quoted_title():
     assert _offline_answer("Who wrote a song after attending a luau in Laie?", sentences).short == "Jack Owens"
     assert _offline_answer("What song was written after attending a luau in Laie?", sentences).short == \
         "The Hukilau Song"
+
+
+CHAIN = [("Greyling Medal: The Greyling Medal is given each spring by the Heron Society.", "medal.md"),
+         ("Heron Society: The Heron Society was started by Mara Quill.", "heron.md"),
+         ("Mara Quill: Mara Quill was born in Harlow Ferry, a village on the river.", "quill.md"),
+         ("Linden Guild: The Linden Guild awards a medal to the founder of a society born in a village.", "linden.md"),
+         ("Oak Circle: The Oak Circle awards a medal each year to a founder born in a village.", "oak.md")]
+
+
+def test_the_sentences_after_the_short_answer_complete_its_chain(monkeypatch):
+    """After the short answer's sentence, the answer prints the links that lead to it (the medal's
+    society, the society's founder) rather than sentences more like the question that belong to no
+    chain (the Linden Guild's); with the short answer's own weights it would print one of those. A
+    one-link question prints the same either way (the control)."""
+    question = "In which village was the founder of the society that awards the Greyling Medal born?"
+    answer = _offline_answer(question, CHAIN)
+    assert answer.short == "Harlow Ferry"
+    assert [source for _, source in answer.sentences] == ["quill.md", "heron.md", "medal.md"]
+    control = _offline_answer("Who started the Heron Society?", CHAIN)
+    monkeypatch.setattr(extractive, "SUPPORT_WEIGHTS", (extractive.WORD_WEIGHT, extractive.TYPE_WEIGHT,
+                                                        extractive.LINK_WEIGHT, extractive.LEVEL_WEIGHT))
+    assert "linden.md" in [source for _, source in _offline_answer(question, CHAIN).sentences]
+    assert _offline_answer("Who started the Heron Society?", CHAIN) == control
+    assert control.short == "Mara Quill" and control.sentences[0][1] == "heron.md"

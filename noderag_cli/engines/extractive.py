@@ -20,12 +20,14 @@ A choice question ("Which band was formed first, A or B?") is answered by one of
 (`choices`); a name the short answer gives in part is completed as the context writes it
 (`_full_name`).
 
-The best sentences up to `MAX_WORDS` words (at least one) are the answer, best first, each with
-its documents; a sentence from a passage already quoted gives way to the best one from another
-passage, since a chain's links lie in different passages (the first hop's passage names the bridge,
-another passage says what is asked about it). When the context never names what the question names (or, for a question that names
-nothing, no sentence holds two of its words), the answer says it was not found, instead of printing
-sentences that do not answer.
+The short answer's sentence, then the best sentences up to `MAX_WORDS` words, are the answer,
+each with its documents. The sentences after the first are ranked with the chain's features
+weighed more (`SUPPORT_WEIGHTS`): they are the links that lead to the answer. A sentence from a
+passage already quoted gives way to the best one from another passage, since a chain's links lie
+in different passages (the first hop's passage names the bridge, another passage says what is
+asked about it). When the context never names what the question names (or, for a question that
+names nothing, no sentence holds two of its words), the answer says it was not found, instead of
+printing sentences that do not answer.
 """
 
 from __future__ import annotations
@@ -46,7 +48,15 @@ MAX_SENTENCES = 3
 MAX_WORDS = 60
 MAX_LEVEL = 4
 WORD_WEIGHT, TYPE_WEIGHT, LINK_WEIGHT, LEVEL_WEIGHT = 0.1, 0.2, 0.05, 0.2
-"""Weights of the features against the cosine (docs/benchmarks.md, "The offline answer")."""
+"""Weights of the features against the cosine in choosing the short answer's sentence
+(docs/benchmarks.md, "The offline answer")."""
+SUPPORT_WEIGHTS = (0.3, 0.6, 0.3, 0.6)
+SUPPORT_LEVEL = 2
+"""The same four weights (words, asked kind, link, level) in choosing the sentences printed after
+the short answer, with levels counted up to `SUPPORT_LEVEL`: the chain counts more against the
+cosine there, since the sentences that complete a chain are less like the question than its first
+hop's (a gain at every budget on both dev sets, docs/benchmarks.md); deeper than two links, a
+shared name is more often chance than chain."""
 
 _START = re.compile(r"^(?:\[\d+\] )?\[[A-Z]\] ")
 _NODE = re.compile(r"^(?:\[\d+\] )?\[([A-Z])\]\s*(.*?)(?:\s*\(from ([^()]*)\))?$", re.DOTALL)
@@ -416,8 +426,8 @@ def answer_parts(question: str, context: str, embed) -> Answer:
     kind = nlp.asked_kind(question)
     holds = np.array([_holds(kind, text, len(own - given)) for text, own in zip(texts, names, strict=True)], float)
     vectors = embed(texts + [question])
-    score = (vectors[:-1] @ vectors[-1] + WORD_WEIGHT * words + TYPE_WEIGHT * holds + LINK_WEIGHT * link
-             + LEVEL_WEIGHT * levels)
+    cosine = vectors[:-1] @ vectors[-1]
+    score = cosine + WORD_WEIGHT * words + TYPE_WEIGHT * holds + LINK_WEIGHT * link + LEVEL_WEIGHT * levels
     ranked = np.argsort(-score, kind="stable").tolist()
     sources = [source for _, source, _ in found]
     options = choices(question)
@@ -433,5 +443,9 @@ def answer_parts(question: str, context: str, embed) -> Answer:
         if kind not in ("date", "number"):
             short = _full_name(short, holder, texts, sources, person)
     # from the sentence the short answer is taken from, in what the answer's first words leave
+    word, kind_weight, link_weight, level = SUPPORT_WEIGHTS
+    support = (cosine + word * words + kind_weight * holds + link_weight * link
+               + level * np.minimum(levels, SUPPORT_LEVEL))
+    ranked = np.argsort(-support, kind="stable").tolist()
     picked = _pick(ranked, texts, sources, [holder], MAX_WORDS - len(short.split()) - HEADER_WORDS)
     return Answer(short, [(texts[i], found[i][1]) for i in picked])
