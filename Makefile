@@ -39,8 +39,9 @@ test: $(VENV)/.test-installed lint
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m bench.bench --out docs/benchmarks.md
 
-# indexing and search from 2,000 to 100,000 passages, and an update of 1% at 100,000 (about 45
-# minutes): docs/benchmarks-scale.md, which the next `make bench` includes in docs/benchmarks.md
+# indexing and search from 2,000 to 100,000 passages, and an update of 1% at 100,000 against a
+# fresh build, three times in turn (about an hour in all): docs/benchmarks-scale.md, which the next
+# `make bench` includes in docs/benchmarks.md
 bench-scale: $(VENV)/.test-installed
 	$(BIN)/python -m bench.bench_scale --out docs/benchmarks-scale.md
 	$(BIN)/python -m bench.bench_update_scale >> docs/benchmarks-scale.md

@@ -1,6 +1,6 @@
 """What an update of 1% of the documents costs at scale, offline (issue 28's figure at 100,000).
 
-    python -m bench.bench_update_scale [--passages 100000] [--data ../shared/eval]
+    python -m bench.bench_update_scale [--passages 100000] [--runs 3] [--data ../shared/eval]
                                        [--work bench-out/update-scale] [--out FILE]
 
 The corpus of `bench.corpus` (the dev sets' passages, then renamed copies) at `--passages` is the
@@ -9,10 +9,13 @@ changed (a sentence appended), 0.25% deleted (a seeded choice) and 0.25% added (
 of the sequence). Three `noderag index --json` child processes, in turn: the base build of a
 working folder holding the base, its update after the change is made in that folder (as a user's
 folder changes, so the scan finds the untouched files by their size and times), and a fresh build
-of the final folder. Reported: wall time, peak resident memory of the process tree and seconds
-per stage of each, the update's share of the fresh build, and whether the update's node and edge
-tables equal the fresh build's, byte for byte (required with `--exact`; the update is incremental,
-the default mode, without it). Progress on stderr, the Markdown section on stdout.
+of the final folder; with `--runs N`, the update (from a copy of the base build and of its folder)
+and the fresh build N times in turn, so that a slow spell of a shared machine falls on both alike,
+each figure the median of its N runs. Reported: wall time, peak resident memory of the process
+tree and seconds per stage of each, the update's share of the fresh build, and whether the
+update's node and edge tables equal the fresh build's, byte for byte (required with `--exact`; the
+update is incremental, the default mode, without it). Progress on stderr, the Markdown section on
+stdout.
 Without the data folder the section says so and the exit code is 0.
 """
 
@@ -22,6 +25,7 @@ import argparse
 import json
 import random
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -74,9 +78,16 @@ def build_file(workspace: Path, name: str) -> Path:
     return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
 
 
+def median_run(runs: list[dict]) -> dict:
+    """One run of each figure's median over `runs` (the peak: the highest); the counts of the first."""
+    return {**runs[0], "wall": statistics.median(run["wall"] for run in runs), "peak": max(run["peak"] for run in runs),
+            "seconds": {s: statistics.median(run["seconds"][s] for run in runs) for s in STAGES}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3, help="updates and fresh builds, in turn; medians reported")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=ROOT / "bench-out" / "update-scale")
     parser.add_argument("--out", type=Path, help="also write the section to this file")
@@ -93,24 +104,43 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.work / "live", ignore_errors=True)
     shutil.copytree(args.work / "base", args.work / "live")
     time.sleep(RECENT_NS / 1e9 + 0.1)  # files as old as a user's, so the scan remembers them
-    runs = {}
-    for name, workspace, folder in (("base build", "ws-update", "live"), ("update", "ws-update", "live"),
-                                    ("fresh build (final)", "ws-fresh", "final")):
-        if name != "update":
-            shutil.rmtree(args.work / workspace, ignore_errors=True)
-        else:
-            sync_folder(args.work / "final", args.work / "live")
+    def measure(name: str, workspace: str, folder: str) -> dict | None:
         log(f"{name} ...")
-        exact = ["--exact"] if args.exact and name == "update" else []
+        exact = ["--exact"] if args.exact and name.startswith("update") else []
         wall, peak, code, out = run_measured(cli("index", str(args.work / workspace), "--input", str(args.work / folder),
                                                  "--json", *exact))
         if code != 0:
             print(f"{title}\n\n`noderag index` ({name}) exited {code}")
-            return 1
+            return None
         stages = json.loads(out)["stages"]
-        runs[name] = {"wall": wall, "peak": peak, "seconds": {s: stages[s].get("seconds", 0.0) for s in STAGES},
-                      "similarity": stages["similarity"], "decompose": stages["decompose"]}
         log(f"  {wall:.0f} s, peak {peak:,.0f} MB")
+        return {"wall": wall, "peak": peak, "seconds": {s: stages[s].get("seconds", 0.0) for s in STAGES},
+                "similarity": stages["similarity"], "decompose": stages["decompose"]}
+
+    shutil.rmtree(args.work / "ws-update", ignore_errors=True)
+    runs = {"base build": measure("base build", "ws-update", "live")}
+    if runs["base build"] is None:
+        return 1
+    for copy in ("ws-update-base", "live-base"):
+        shutil.rmtree(args.work / copy, ignore_errors=True)
+    if args.runs > 1:  # what each later update starts from; copy2 keeps the files' times, as a user's stay
+        shutil.copytree(args.work / "ws-update", args.work / "ws-update-base")
+        shutil.copytree(args.work / "live", args.work / "live-base", copy_function=shutil.copy2)
+    updates, freshes = [], []
+    for turn in range(args.runs):
+        if turn:
+            for target, copy in (("ws-update", "ws-update-base"), ("live", "live-base")):
+                shutil.rmtree(args.work / target)
+                shutil.copytree(args.work / copy, args.work / target, copy_function=shutil.copy2)
+        sync_folder(args.work / "final", args.work / "live")
+        updates.append(measure(f"update ({turn + 1} of {args.runs})", "ws-update", "live"))
+        if updates[-1] is None:
+            return 1
+        shutil.rmtree(args.work / "ws-fresh", ignore_errors=True)
+        freshes.append(measure(f"fresh build (final, {turn + 1} of {args.runs})", "ws-fresh", "final"))
+        if freshes[-1] is None:
+            return 1
+    runs["update"], runs["fresh build (final)"] = median_run(updates), median_run(freshes)
     equal = all(build_file(args.work / "ws-update", n).read_bytes() == build_file(args.work / "ws-fresh", n).read_bytes()
                 for n in ("nodes.parquet", "edges.parquet"))
     update, fresh = runs["update"], runs["fresh build (final)"]
@@ -121,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
              f"Command: `python -m bench.bench_update_scale --passages {args.passages}`. Base: {change['base']:,} "
              f"passages; the update changes {change['changed']:,}, deletes {change['deleted']:,} and adds "
              f"{change['added']:,}, {'in exact mode (`--exact`)' if args.exact else 'incrementally (the default mode)'}. "
-             "Each figure is one `noderag index` child process; peak RSS of its process tree.", "",
+             "Each figure is one `noderag index` child process; peak RSS of its process tree"
+             + (f"; the update and the fresh build {args.runs} times in turn, each figure the median of its runs "
+                "(the peak: the highest)" if args.runs > 1 else "") + ".", "",
              "| stage | base build | update | fresh build (final) | update / fresh |", "|---|---:|---:|---:|---:|"]
     for stage in STAGES:
         u, f = update["seconds"][stage], fresh["seconds"][stage]
@@ -134,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
               f"**{fresh['wall']:.0f}** | **{update['wall'] / fresh['wall']:.1%}** |",
               f"| peak RSS (MB) | {runs['base build']['peak']:,.0f} | {update['peak']:,.0f} | {fresh['peak']:,.0f} | |", "",
               f"- Update / fresh build: **{update['wall'] / fresh['wall']:.1%} of the wall time** (issue 38's target: "
-              "at most 20%).",
+              "at most 20%)" + ("; turn by turn (update / fresh build): "
+                               + ", ".join(f"{u['wall']:.0f} / {f['wall']:.0f} s" for u, f in zip(updates, freshes, strict=True))
+                               if args.runs > 1 else "") + ".",
               f"- The update decomposed {update['decompose'].get('decomposed', '?'):,} chunks "
               f"({update['decompose'].get('cached', '?'):,} from the last run) and searched "
               f"{update['similarity'].get('rows_searched', '?'):,} similarity lists (the fresh build "
