@@ -296,6 +296,7 @@ def test_the_sentences_after_the_short_answer_complete_its_chain(monkeypatch):
     control = _offline_answer("Who started the Heron Society?", CHAIN)
     monkeypatch.setattr(extractive, "SUPPORT_WEIGHTS", (extractive.WORD_WEIGHT, extractive.TYPE_WEIGHT,
                                                         extractive.LINK_WEIGHT, extractive.LEVEL_WEIGHT))
+    monkeypatch.setattr(extractive, "SUPPORT_LEVEL", extractive.MAX_LEVEL)
     assert "linden.md" in [source for _, source in _offline_answer(question, CHAIN).sentences]
     assert _offline_answer("Who started the Heron Society?", CHAIN) == control
     assert control.short == "Mara Quill" and control.sentences[0][1] == "heron.md"
