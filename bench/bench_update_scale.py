@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact", action="store_true", help="the update in exact mode (`index --exact`), whose "
                         "tables must then equal the fresh build's (default: incremental, the default mode)")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     title = f"## An update of 1% at {args.passages:,} passages (offline)"
     if not available(args.data):
         print(f"{title}\n\nskipped: {args.data} holds no MuSiQue and HotpotQA corpora")

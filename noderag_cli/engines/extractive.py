@@ -427,7 +427,12 @@ def answer_parts(question: str, context: str, embed) -> Answer:
     holds = np.array([_holds(kind, text, len(own - given)) for text, own in zip(texts, names, strict=True)], float)
     vectors = embed(texts + [question])
     cosine = vectors[:-1] @ vectors[-1]
-    score = cosine + WORD_WEIGHT * words + TYPE_WEIGHT * holds + LINK_WEIGHT * link + LEVEL_WEIGHT * levels
+
+    def weighed(weights: tuple[float, float, float, float], level_cap: int) -> np.ndarray:
+        word, kind_weight, link_weight, level = weights
+        return cosine + word * words + kind_weight * holds + link_weight * link + level * np.minimum(levels, level_cap)
+
+    score = weighed((WORD_WEIGHT, TYPE_WEIGHT, LINK_WEIGHT, LEVEL_WEIGHT), MAX_LEVEL)
     ranked = np.argsort(-score, kind="stable").tolist()
     sources = [source for _, source, _ in found]
     options = choices(question)
@@ -443,9 +448,6 @@ def answer_parts(question: str, context: str, embed) -> Answer:
         if kind not in ("date", "number"):
             short = _full_name(short, holder, texts, sources, person)
     # from the sentence the short answer is taken from, in what the answer's first words leave
-    word, kind_weight, link_weight, level = SUPPORT_WEIGHTS
-    support = (cosine + word * words + kind_weight * holds + link_weight * link
-               + level * np.minimum(levels, SUPPORT_LEVEL))
-    ranked = np.argsort(-support, kind="stable").tolist()
+    ranked = np.argsort(-weighed(SUPPORT_WEIGHTS, SUPPORT_LEVEL), kind="stable").tolist()
     picked = _pick(ranked, texts, sources, [holder], MAX_WORDS - len(short.split()) - HEADER_WORDS)
     return Answer(short, [(texts[i], found[i][1]) for i in picked])
