@@ -9,13 +9,13 @@ changed (a sentence appended), 0.25% deleted (a seeded choice) and 0.25% added (
 of the sequence). Three `noderag index --json` child processes, in turn: the base build of a
 working folder holding the base, its update after the change is made in that folder (as a user's
 folder changes, so the scan finds the untouched files by their size and times), and a fresh build
-of the final folder; with `--runs N`, the update (from a copy of the base build and of its folder)
-and the fresh build N times in turn, so that a slow spell of a shared machine falls on both alike,
-each figure the median of its N runs. Reported: wall time, peak resident memory of the process
-tree and seconds per stage of each, the update's share of the fresh build, and whether the
-update's node and edge tables equal the fresh build's, byte for byte (required with `--exact`; the
-update is incremental, the default mode, without it). Progress on stderr, the Markdown section on
-stdout.
+of the final folder; with `--runs N`, the update (from a copy of the base build, its folder put back
+to the base in place) and the fresh build N times in turn, so that a slow spell of a shared machine
+falls on both alike, each figure the median of its N runs. Reported: wall time, peak resident
+memory of the process tree and seconds per stage of each, the update's share of the fresh build,
+and whether the update's node and edge tables equal the fresh build's, byte for byte (required
+with `--exact`; the update is incremental, the default mode, without it). Progress on stderr, the
+Markdown section on stdout.
 Without the data folder the section says so and the exit code is 0.
 """
 
@@ -74,6 +74,14 @@ def folders(data: Path, work: Path, passages: int) -> dict[str, int]:
     return {"base": len(in_base), "changed": len(changed), "deleted": len(deleted), "added": len(added)}
 
 
+def restore_base(work: Path) -> None:
+    """The working folder back to the base, in place: only the files the change touched are
+    written again, so the others keep the inode and times the base build's scan saw, as a user's
+    untouched files do. (A copy of the folder gives every file a new inode and change time: the
+    update's scan then reads all of them again, 6.6 s against 2.4 s at 100,000 passages.)"""
+    sync_folder(work / "base", work / "live")
+
+
 def build_file(workspace: Path, name: str) -> Path:
     return workspace / "generations" / (workspace / "CURRENT").read_text().strip() / name
 
@@ -125,17 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"base build": measure("base build", "ws-update", "live")}
     if runs["base build"] is None:
         return 1
-    for copy in ("ws-update-base", "live-base"):
-        shutil.rmtree(args.work / copy, ignore_errors=True)
-    if args.runs > 1:  # what each later update starts from; copy2 keeps the files' times, as a user's stay
+    shutil.rmtree(args.work / "ws-update-base", ignore_errors=True)
+    if args.runs > 1:  # the workspace each later update starts from
         shutil.copytree(args.work / "ws-update", args.work / "ws-update-base")
-        shutil.copytree(args.work / "live", args.work / "live-base", copy_function=shutil.copy2)
     updates, freshes = [], []
     for turn in range(args.runs):
-        if turn:
-            for target, copy in (("ws-update", "ws-update-base"), ("live", "live-base")):
-                shutil.rmtree(args.work / target)
-                shutil.copytree(args.work / copy, args.work / target, copy_function=shutil.copy2)
+        if turn:  # back to the base build, and the folder back to the base in place (`restore_base`)
+            shutil.rmtree(args.work / "ws-update")
+            shutil.copytree(args.work / "ws-update-base", args.work / "ws-update")
+            restore_base(args.work)
         sync_folder(args.work / "final", args.work / "live")
         updates.append(measure(f"update ({turn + 1} of {args.runs})", "ws-update", "live"))
         if updates[-1] is None:
