@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact", action="store_true", help="the update in exact mode (`index --exact`), whose "
                         "tables must then equal the fresh build's (default: incremental, the default mode)")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    for name in ("passages", "runs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     title = f"## An update of 1% at {args.passages:,} passages (offline)"
     if not available(args.data):
         print(f"{title}\n\nskipped: {args.data} holds no MuSiQue and HotpotQA corpora")
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.work / "live", ignore_errors=True)
     shutil.copytree(args.work / "base", args.work / "live")
     time.sleep(RECENT_NS / 1e9 + 0.1)  # files as old as a user's, so the scan remembers them
+
     def measure(name: str, workspace: str, folder: str) -> dict | None:
         log(f"{name} ...")
         exact = ["--exact"] if args.exact and name.startswith("update") else []
