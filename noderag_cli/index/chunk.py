@@ -252,11 +252,13 @@ class DocumentChunks:
     skipped: str = ""  # why its reader found no document in it (binary data, one endless line)
 
 
-def chunking_key(file: ScannedFile, max_tokens: int, overlap_tokens: int, reader_identity: dict) -> str:
+def chunking_key(file: ScannedFile, max_tokens: int, overlap_tokens: int, reader_identity: dict) -> tuple:
     """What a document's chunks depend on: its bytes, the chunk settings, its format (the title
-    rule) and, for a format read by a reader, that reader's identity (library versions)."""
-    reader = reader_identity.get(file.reader) if file.extracted else None
-    return json_digest([CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, file.reader, reader])
+    rule) and, for a format read by a reader, that reader's identity (library versions). A key
+    within one run (the last run's chunks are matched to this run's files by it), never stored:
+    a tuple, not a digest of one (a digest per document was most of an update's chunk stage)."""
+    reader = json.dumps(reader_identity.get(file.reader), sort_keys=True) if file.extracted else None
+    return CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, file.reader, reader
 
 
 def chunking_settings(max_tokens: int, overlap_tokens: int) -> bytes:
@@ -279,7 +281,7 @@ def reader_identities(files: list[ScannedFile]) -> dict[str, dict]:
 
 
 def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, files: list[ScannedFile], max_tokens: int,
-                    overlap_tokens: int, reader_identity: dict) -> dict[str, DocumentChunks]:
+                    overlap_tokens: int, reader_identity: dict) -> dict[tuple, DocumentChunks]:
     """The last run's chunks of each document still in `files`, by `chunking_key`, when they were
     cut the way this run cuts them: an update re-cuts (and re-reads) only new and changed documents."""
     if documents is None or chunks is None or \
@@ -301,7 +303,7 @@ def previous_chunks(documents: pa.Table | None, chunks: pa.Table | None, files: 
 
 
 def document_chunks(
-    files: list[ScannedFile], settings: ChunkConfig, previous: dict[str, DocumentChunks] | None = None,
+    files: list[ScannedFile], settings: ChunkConfig, previous: dict[tuple, DocumentChunks] | None = None,
     executor: Executor | None = None, cache: Cache | None = None,
 ) -> list[DocumentChunks]:
     """Each file's chunks: the last run's when the document and the settings are unchanged
@@ -414,7 +416,7 @@ def _extract(absolute: str, content_hash: str, limits: readers.Limits) -> tuple[
     return extracted.text, title, [list(part) for part in extracted.parts]
 
 
-def run(files: list[ScannedFile], settings: ChunkConfig, previous: dict[str, DocumentChunks] | None = None,
+def run(files: list[ScannedFile], settings: ChunkConfig, previous: dict[tuple, DocumentChunks] | None = None,
         executor: Executor | None = None, cache: Cache | None = None) -> tuple[pa.Table, pa.Table, dict]:
     """Documents and chunks tables for the scanned files (the chunks table marked with how it was
     cut, for the next run's `previous_chunks`), and counts: documents read by a reader in this run,

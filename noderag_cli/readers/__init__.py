@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import posixpath
 import re
 import stat
 import time
@@ -44,7 +45,6 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import PurePosixPath
 from typing import BinaryIO
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
@@ -167,7 +167,7 @@ VERSION = 2  # of the readers' own rules (how headings, lists, tables and boiler
 
 
 def reader_for(path: str) -> Reader | None:
-    return READERS.get(PurePosixPath(path).suffix.lower())
+    return READERS.get(posixpath.splitext(path)[1].lower())  # not a Path per file: a scan asks for every file
 
 
 def identity(suffixes: list[str]) -> dict:
