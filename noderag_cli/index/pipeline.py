@@ -35,7 +35,7 @@ from ..embeddings import Embedder, VectorMemory, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
 from ..executor import Executor, release_memory
-from ..files import atomic_write_bytes, file_digest, json_digest, write_parquet
+from ..files import atomic_write_bytes, file_digests, json_digest, write_parquet
 from ..generation import Generation
 from ..node_types import NODE_TYPES
 from ..workspace import CACHE_KEYS, NODES, VECTOR_DIGESTS, Workspace
@@ -138,7 +138,7 @@ def outputs_digest(ws: Workspace, stage: Stage) -> str | None:
     paths = [output.path(ws) for output in stage.outputs]
     if not all(p.is_file() for p in paths):
         return None
-    return json_digest([file_digest(p) for p in paths])
+    return json_digest(file_digests(paths))
 
 
 def damaged_outputs(ws: Workspace, stage: Stage, entry: StageEntry | None) -> list[Path]:
@@ -153,8 +153,10 @@ def damaged_outputs(ws: Workspace, stage: Stage, entry: StageEntry | None) -> li
     recorded = entry.files
     if recorded is None:
         return [] if outputs_digest(ws, stage) == entry.outputs else paths
+    present = [p for p in paths if p.is_file()]
+    found = dict(zip(present, file_digests(present), strict=True))
     return [p for p, output in zip(paths, stage.outputs, strict=True)
-            if not p.is_file() or file_digest(p) != recorded.get(output.file)]
+            if p not in found or found[p] != recorded.get(output.file)]
 
 
 @dataclass
@@ -313,7 +315,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
-        recorded = {output.file: file_digest(output.path(ws)) for output in stage.outputs}
+        recorded = dict(zip((o.file for o in stage.outputs), file_digests([o.path(ws) for o in stage.outputs]), strict=True))
         digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
         digests.update({output: recorded[output.file] for output in stage.outputs})
         kill_point(stage.name, "commit")
