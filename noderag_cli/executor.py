@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -171,16 +172,81 @@ def make_executor(config: ExecutorConfig) -> Executor:
     return Executor(local_workers(config))
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's mallopt parameters (malloc.h)
+_GLIBC_DEFAULTS = ((_M_TRIM_THRESHOLD, 128 * 1024), (_M_MMAP_MAX, 65536), (_M_ARENA_MAX, 0))
+_kept_below_mb: float | None = None  # while an index run keeps freed memory (`keeping_freed_memory`)
+
+
+@contextlib.contextmanager
+def keeping_freed_memory(ceiling_mb: float) -> Iterator[None]:
+    """For an index run: memory the process frees stays in it for reuse while the process holds
+    less than `ceiling_mb` (`executor.memory_mb`; 0: no limit), instead of going back to the
+    system; past it, `release_memory` and `trim_heap` give it back as before.
+
+    A page the system hands out again is zeroed first, and in a virtual machine whose host takes
+    back the guest's free memory (a balloon, free page reporting) it is fetched from the host as
+    well: on the machine of docs/benchmarks-scale.md, touching 2 GB freed 20 seconds before took
+    4.2-5.0 s of system time, the same 2 GB reused at once 0.2 s. A build frees and allocates
+    many gigabytes (whole tables copied, merged and sorted stage after stage), and an update more
+    than its share of it. So, glibc (where it is the allocator) takes no memory by mmap and trims
+    none by itself (a large freed array stays for the next one), with at most one arena per core,
+    and Arrow's tables come from the same heap (its system pool) rather than mimalloc's, which
+    gives freed pages back within milliseconds. The settings are undone when the run ends."""
+    global _kept_below_mb
+    libc = _glibc()
+    if libc is None:
+        yield
+        return
+    pool = pa.default_memory_pool()
+    for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_ARENA_MAX, ivf.cores())):
+        libc.mallopt(parameter, value)
+    pa.set_memory_pool(pa.system_memory_pool())
+    _kept_below_mb = ceiling_mb or float("inf")
+    try:
+        yield
+    finally:
+        _kept_below_mb = None
+        pa.set_memory_pool(pool)
+        for parameter, value in _GLIBC_DEFAULTS:
+            libc.mallopt(parameter, value)
+        trim_heap()
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, where it is this process's C library (its malloc is what `mallopt` and `malloc_trim` tune)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
+            return libc
+    return None
+
+
+def _keeping() -> bool:
+    """Whether freed memory stays in the process now: within `keeping_freed_memory`, below its ceiling."""
+    if _kept_below_mb is None:
+        return False
+    try:
+        with open("/proc/self/statm") as handle:
+            resident = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return False
+    return resident < _kept_below_mb * 1_000_000
+
+
 def release_memory() -> None:
     """Give freed memory back to the system: glibc's heap and Arrow's pool keep freed pages for
     reuse, and between stages that was as much again as the process still used (at 32,000
     passages, 1.3 GB resident before the similarity stage, 0.7 GB after this); results unpickled
     from workers live in glibc's heap, which Arrow's pool (mimalloc) does not reuse. Called before
-    each stage, and inside one where its largest tables are let go. (No `gc.collect()`: it freed
-    nothing here, and cost 20 ms a call at MuSiQue size.)"""
+    each stage, and inside one where its largest tables are let go; within `keeping_freed_memory`
+    only past its ceiling. (No `gc.collect()`: it freed nothing here, and cost 20 ms a call at
+    MuSiQue size.)"""
     from . import nlp  # not at import: workers import this module
 
     nlp.token_ids.words.clear()  # the tokenizer's memory of words (up to a million): a stage's own
+    if _keeping():
+        return
     pa.default_memory_pool().release_unused()
     trim_heap()
 
@@ -189,9 +255,11 @@ def trim_heap() -> None:
     """Give glibc's freed pages back (all its arenas): numpy temporaries of up to 32 MB come from
     the arenas once glibc has raised its mmap threshold, and the blocks of a long multi-threaded
     step, freed, otherwise stay resident until the step ends (at 200,000 passages the similarity
-    stage's search held 2 GB more in a whole build than alone)."""
-    with contextlib.suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    stage's search held 2 GB more in a whole build than alone). Within `keeping_freed_memory`, only
+    past its ceiling."""
+    libc = _glibc()
+    if libc is not None and not _keeping():
+        libc.malloc_trim(0)
 
 
 def tree_resident_mb(root: int | None = None) -> float:
