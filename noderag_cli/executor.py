@@ -185,13 +185,13 @@ def keeping_freed_memory(ceiling_mb: float) -> Iterator[None]:
 
     A page the system hands out again is zeroed first, and in a virtual machine whose host takes
     back the guest's free memory (a balloon, free page reporting) it is fetched from the host as
-    well: on the machine of docs/benchmarks-scale.md, touching 2 GB freed 20 seconds before took
-    4.2-5.0 s of system time, the same 2 GB reused at once 0.2 s. A build frees and allocates
-    many gigabytes (whole tables copied, merged and sorted stage after stage), and an update more
-    than its share of it. So, glibc (where it is the allocator) takes no memory by mmap and trims
-    none by itself (a large freed array stays for the next one), with at most one arena per core,
-    and Arrow's tables come from the same heap (its system pool) rather than mimalloc's, which
-    gives freed pages back within milliseconds. The settings are undone when the run ends."""
+    well, many times the cost of reusing a page the process still holds (docs/scale.md, "Freed
+    memory kept for reuse"). A build frees and allocates many gigabytes (whole tables copied,
+    merged and sorted stage after stage), and an update more than its share of it. So, glibc
+    (where it is the allocator) takes no memory by mmap and trims none by itself (a large freed
+    array stays for the next one), with at most one arena per core, and Arrow's tables come from
+    the same heap (its system pool) rather than mimalloc's, which gives freed pages back within
+    milliseconds. When the run ends, glibc's defaults and Arrow's pool are set back."""
     global _kept_below_mb
     libc = _glibc()
     if libc is None:

@@ -256,7 +256,7 @@ def chunking_key(file: ScannedFile, max_tokens: int, overlap_tokens: int, reader
     """What a document's chunks depend on: its bytes, the chunk settings, its format (the title
     rule) and, for a format read by a reader, that reader's identity (library versions). A key
     within one run (the last run's chunks are matched to this run's files by it), never stored:
-    a tuple, not a digest of one (a digest per document was most of an update's chunk stage)."""
+    a tuple, which costs nothing to make, not a digest, which an update made for every document twice."""
     reader = json.dumps(reader_identity.get(file.reader), sort_keys=True) if file.extracted else None
     return CHUNKER_VERSION, file.content_hash, max_tokens, overlap_tokens, file.reader, reader
 
