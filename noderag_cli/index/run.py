@@ -13,8 +13,7 @@ from ..config import Config, changed, load_config
 from ..embeddings import Embedder
 from ..engines import make_engine
 from ..errors import DamagedError, WorkspaceError
-from ..executor import keeping_freed_memory, make_executor
-from ..spill import budget_mb
+from ..executor import make_executor
 from ..workspace import Workspace
 from .pipeline import IndexResult, run_config, run_pipeline
 from .scan import check_input_folder
@@ -105,9 +104,7 @@ def _run_index(ws: Workspace, input_folder: Path, config: Config, reporter: Repo
         reporter = reporter or Reporter()
         embedder = Embedder(config.embedding, ws.cache, executor, cap=cap)
         engine = make_engine(config, ws.cache, embedder, executor, notice=reporter.warn, cap=cap)
-        with keeping_freed_memory(budget_mb(config.executor.memory_mb)):
-            return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after, exact,
-                                rebuild)
+        return run_pipeline(ws, input_folder, config, engine, embedder, executor, reporter, stop_after, exact, rebuild)
     except OSError as err:
         if isinstance(err, ConnectionError) or err.errno not in _DISK_ERRORS:
             raise
