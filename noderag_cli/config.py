@@ -206,7 +206,7 @@ class ExecutorConfig(_Section):
     memory_mb: Literal["auto"] | float = Field(
         "auto", description="megabytes of its largest arrays a graph-wide stage keeps in memory; past it they are "
         "memory-mapped files under the workspace, which the kernel writes out instead of swapping (the same tables; "
-        "noderag_cli/spill.py). Below it, the indexing process also keeps the memory it frees for reuse instead of "
+        "noderag_cli/spill.py). A build expected to peak below it also keeps the memory it frees for reuse instead of "
         "giving it back (executor.keeping_freed_memory). auto: a quarter of this machine's memory; 0: no limit")
 
     @field_validator("memory_mb", mode="before")

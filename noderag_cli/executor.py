@@ -179,9 +179,10 @@ _kept_below_mb: float | None = None  # while an index run keeps freed memory (`k
 
 @contextlib.contextmanager
 def keeping_freed_memory(ceiling_mb: float) -> Iterator[None]:
-    """For an index run: memory the process frees stays in it for reuse while the process holds
-    less than `ceiling_mb` (`executor.memory_mb`; 0: no limit), instead of going back to the
-    system; past it, `release_memory` and `trim_heap` give it back as before.
+    """For an index run that should fit (`pipeline.keeping_memory_if_it_fits`): memory the process
+    frees stays in it for reuse while the process holds less than `ceiling_mb`
+    (`executor.memory_mb`; 0: no limit), instead of going back to the system; past it,
+    `release_memory` and `trim_heap` give it back as before.
 
     A page the system hands out again is zeroed first, and in a virtual machine whose host takes
     back the guest's free memory (a balloon, free page reporting) it is fetched from the host as
