@@ -598,6 +598,26 @@ def test_an_index_run_keeps_freed_memory_below_its_budget_and_gives_it_back_past
         assert _freed_after_release(300) > 250
 
 
+def test_freed_memory_is_kept_only_by_a_build_expected_to_fit_its_budget():
+    """The choice is made from the input's size before the stages: a build whose expected peak,
+    kept, is over `executor.memory_mb` gives memory back as before; no limit (0) always keeps."""
+    import contextlib
+
+    from noderag_cli.config import Config, changed
+    from noderag_cli.index.pipeline import KEPT_GROWTH, PEAK_PER_INPUT, keeping_memory_if_it_fits
+    from noderag_cli.index.scan import scan
+
+    files = scan(SAMPLE_CORPUS, Config().chunk)
+    expected = PEAK_PER_INPUT * KEPT_GROWTH * sum(f.size for f in files) / 1e6
+
+    def keeps(memory_mb) -> bool:
+        config = Config().model_copy(update={"executor": changed(Config().executor, memory_mb=memory_mb)})
+        return not isinstance(keeping_memory_if_it_fits(files, config), contextlib.nullcontext)
+
+    assert keeps(expected * 2) and keeps(0) and keeps("auto")
+    assert not keeps(expected / 2)
+
+
 def test_what_holds_the_spill_folders_name_is_removed_never_followed(tmp_path):
     """A symlink (to a folder outside), a FIFO or a file where the spill folder goes: the name is
     taken back, nothing is written through the link or into the FIFO, and the arrays spill."""
