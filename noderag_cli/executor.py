@@ -37,6 +37,7 @@ import pyarrow as pa
 from . import ivf
 from .config import ExecutorConfig
 from .errors import WorkerLostError
+from .spill import budget_mb
 
 PRELOAD = ["noderag_cli.index.chunk", "noderag_cli.index.decompose", "noderag_cli.engines.offline",
            "noderag_cli.embeddings"]
@@ -179,7 +180,7 @@ _kept_below_mb: float | None = None  # while an index run keeps freed memory (`k
 
 @contextlib.contextmanager
 def keeping_freed_memory(ceiling_mb: float) -> Iterator[None]:
-    """For an index run that should fit (`pipeline.keeping_memory_if_it_fits`): memory the process
+    """For an index run that should fit (`keeping_memory_if_it_fits`): memory the process
     frees stays in it for reuse while the process holds less than `ceiling_mb`
     (`executor.memory_mb`; 0: no limit), instead of going back to the system; past it,
     `release_memory` and `trim_heap` give it back as before.
@@ -211,6 +212,25 @@ def keeping_freed_memory(ceiling_mb: float) -> Iterator[None]:
         for parameter, value in _GLIBC_DEFAULTS:
             libc.mallopt(parameter, value)
         trim_heap()
+
+
+PEAK_PER_INPUT = 75
+"""Peak memory of an offline build per byte of its input text (3.8 GB for the 51 MB of 100,000
+passages, 6.7 GB for the 103 MB of 200,000: docs/benchmarks-scale.md)."""
+KEPT_GROWTH = 1.4
+"""A build's peak with the memory it frees kept over its peak without (4.9-5.0 against 3.5-3.8 GB at
+100,000 passages, 8.5 against 6.6 GB at 200,000)."""
+
+
+def keeping_memory_if_it_fits(input_bytes: int, memory_mb: str | float) -> contextlib.AbstractContextManager:
+    """`keeping_freed_memory` for a run whose peak, so kept, should stay under `executor.memory_mb`,
+    judged from the size of its input (the same input, the same choice: a build's memory grows
+    with its corpus, `PEAK_PER_INPUT`, `KEPT_GROWTH`); otherwise nothing: the run gives freed
+    memory back at once, its peak as low as it can be. The choice is made before the stages: a
+    process only finds itself over the budget once it is."""
+    budget = budget_mb(memory_mb)
+    expected = PEAK_PER_INPUT * KEPT_GROWTH * input_bytes / 1e6
+    return keeping_freed_memory(budget) if not budget or expected <= budget else contextlib.nullcontext()
 
 
 @functools.cache

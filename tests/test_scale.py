@@ -603,16 +603,15 @@ def test_freed_memory_is_kept_only_by_a_build_expected_to_fit_its_budget():
     kept, is over `executor.memory_mb` gives memory back as before; no limit (0) always keeps."""
     import contextlib
 
-    from noderag_cli.config import Config, changed
-    from noderag_cli.index.pipeline import KEPT_GROWTH, PEAK_PER_INPUT, keeping_memory_if_it_fits
+    from noderag_cli.config import Config
+    from noderag_cli.executor import KEPT_GROWTH, PEAK_PER_INPUT, keeping_memory_if_it_fits
     from noderag_cli.index.scan import scan
 
-    files = scan(SAMPLE_CORPUS, Config().chunk)
-    expected = PEAK_PER_INPUT * KEPT_GROWTH * sum(f.size for f in files) / 1e6
+    size = sum(f.size for f in scan(SAMPLE_CORPUS, Config().chunk))
+    expected = PEAK_PER_INPUT * KEPT_GROWTH * size / 1e6
 
     def keeps(memory_mb) -> bool:
-        config = Config().model_copy(update={"executor": changed(Config().executor, memory_mb=memory_mb)})
-        return not isinstance(keeping_memory_if_it_fits(files, config), contextlib.nullcontext)
+        return not isinstance(keeping_memory_if_it_fits(size, memory_mb), contextlib.nullcontext)
 
     assert keeps(expected * 2) and keeps(0) and keeps("auto")
     assert not keeps(expected / 2)

@@ -34,11 +34,10 @@ from ..config import COST_ONLY, Config, changed, config_to_yaml
 from ..embeddings import Embedder, VectorMemory, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
-from ..executor import Executor, keeping_freed_memory, release_memory
+from ..executor import Executor, keeping_memory_if_it_fits, release_memory
 from ..files import atomic_write_bytes, file_digests, json_digest, write_parquet
 from ..generation import Generation
 from ..node_types import NODE_TYPES
-from ..spill import budget_mb
 from ..workspace import CACHE_KEYS, NODES, VECTOR_DIGESTS, Workspace
 from . import assemble
 from .outputs import Output
@@ -256,7 +255,7 @@ def run_pipeline(
     for handler in log.handlers:
         engine_log.addHandler(handler)
     try:
-        with keeping_memory_if_it_fits(readable, config):
+        with keeping_memory_if_it_fits(sum(f.size for f in readable), config.executor.memory_mb):
             _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
                         scan, result, log, rebuild, anchor_from)
     finally:
@@ -276,24 +275,6 @@ def run_pipeline(
         result.edge_count = built["counts"]["edges"]["merged_total"]
     log.info("run finished in %.2fs, %d failures", result.seconds, result.failures)
     return result
-
-
-PEAK_PER_INPUT = 75
-"""Peak memory of an offline build per byte of its input text (3.8 GB for the 51 MB of 100,000
-passages, 6.7 GB for the 103 MB of 200,000: docs/benchmarks-scale.md)."""
-KEPT_GROWTH = 1.4
-"""A build's peak with the memory it frees kept over its peak without (4.9-5.0 against 3.5-3.8 GB at
-100,000 passages, 8.5 against 6.6 GB at 200,000)."""
-
-
-def keeping_memory_if_it_fits(files: list, config: Config) -> contextlib.AbstractContextManager:
-    """`executor.keeping_freed_memory` for a run whose peak, so kept, should stay under
-    `executor.memory_mb`, judged from the size of its input (the same input, the same choice: a
-    build's memory grows with its corpus, `PEAK_PER_INPUT`, `KEPT_GROWTH`); otherwise nothing: the
-    run gives freed memory back at once, its peak as low as it can be."""
-    budget = budget_mb(config.executor.memory_mb)
-    expected = PEAK_PER_INPUT * KEPT_GROWTH * sum(f.size for f in files) / 1e6
-    return keeping_freed_memory(budget) if not budget or expected <= budget else contextlib.nullcontext()
 
 
 def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
@@ -335,7 +316,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         executor.release()
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
-        recorded = dict(zip((o.file for o in stage.outputs), file_digests([o.path(ws) for o in stage.outputs]), strict=True))
+        checksums = file_digests([output.path(ws) for output in stage.outputs])
+        recorded = {output.file: checksum for output, checksum in zip(stage.outputs, checksums, strict=True)}
         digest = info.pop("outputs_digest", None) or json_digest(list(recorded.values()))  # assemble says its own
         digests.update({output: recorded[output.file] for output in stage.outputs})
         kill_point(stage.name, "commit")
