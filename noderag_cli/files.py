@@ -41,7 +41,7 @@ def _file_mode() -> int:
 FILE_MODE = _file_mode()  # what open() would give: other users may read a workspace the umask lets them
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | pa.Buffer) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -86,8 +86,9 @@ id repeated across groups is stored once per group: at 200,000 passages the edge
 groups of 1,048,576 rows, 102 MB in groups of this size (97 in one group, read on one thread)."""
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """Deterministic bytes for the same table: no statistics timestamps, fixed compression."""
+def parquet_bytes(table: pa.Table) -> pa.Buffer:
+    """Deterministic bytes for the same table: no statistics timestamps, fixed compression. Arrow's
+    buffer, not a copy of it as `bytes`: a large table's file is held once while it is written."""
     sink = pa.BufferOutputStream()
     paths = [name for field in table.schema for name in
              ((f"{field.name}.list.element",) if pa.types.is_list(field.type) else (field.name,))]
@@ -98,7 +99,7 @@ def parquet_bytes(table: pa.Table) -> bytes:
                                        if field.name in SORTED_IDS and pa.types.is_string(field.type)},
                                     **{path: ROW_NUMBERS[path] for path in paths if path in ROW_NUMBERS}},
                    dictionary_pagesize_limit=1 << 28, row_group_size=ROW_GROUP)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
@@ -199,15 +200,16 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def arrow_bytes(table: pa.Table) -> bytes:
-    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding."""
+def arrow_bytes(table: pa.Table) -> pa.Buffer:
+    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding (Arrow's
+    buffer, as `parquet_bytes`)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
-def bytes_digest(data: bytes) -> str:
+def bytes_digest(data: bytes | pa.Buffer) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 

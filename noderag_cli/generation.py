@@ -160,7 +160,7 @@ class GenerationWriter:
         self.files: dict[str, dict] = {}
         self._lock = threading.Lock()
 
-    def _write(self, file: str, data: bytes) -> None:
+    def _write(self, file: str, data: bytes | pa.Buffer) -> None:
         atomic_write_bytes(self.folder / file, data)
         with self._lock:
             self.files[file] = {"bytes": len(data), "blake2b": bytes_digest(data)}

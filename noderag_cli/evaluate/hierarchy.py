@@ -112,7 +112,7 @@ def load_or_build(setup, kind: str, build) -> Hierarchy:
     return hierarchy
 
 
-def _to_bytes(h: Hierarchy) -> bytes:
+def _to_bytes(h: Hierarchy) -> pa.Buffer:
     reports = pa.table({"level": pa.array(h.level, pa.int32()), "text": pa.array(h.text, pa.string()),
                         "tokens": pa.array(h.tokens, pa.int32()), "documents": pa.array(h.documents, pa.list_(pa.string())),
                         "vector": _vector_column(h.vectors),

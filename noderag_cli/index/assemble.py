@@ -123,9 +123,9 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         nodes_job = pool.submit(final_nodes, run, ids)
         edges = run.edges(*EDGE_OUTPUTS)
         nodes = nodes_job.result()
-        written = [pool.submit(writer.table, "nodes", nodes)]
-        writer.table("edges", edges)
-        writer.table("documents", documents)
+        # the tables are encoded and written while the search's structures are made from them
+        written = [pool.submit(writer.table, name, table)
+                   for name, table in (("edges", edges), ("nodes", nodes), ("documents", documents))]
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
         writer.link(VECTOR_DIGESTS, run.input_path(VECTOR_IDS))  # by which the next update takes them back
         for name, output in anchor.FILES.items():  # what the next incremental update keeps its work against

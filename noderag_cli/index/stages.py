@@ -18,6 +18,7 @@ import json
 import os
 import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,15 +270,20 @@ def _decompose(run: StageRun) -> dict:
         decompose.read_rows(*kept) if all(kept) else None, run.executor,
     )
     last = [run.last(name) for name in (NODES, EDGES)] if changed is not None else [None]
-    nodes, edges = decompose.updated_graph(occurrences, links, last, changed) if all(t is not None for t in last) \
-        else decompose.build_graph(occurrences, links)
-    write_parquets({path: decompose.with_version(table) for path, table in zip(rows_paths, (occurrences, links),
-                                                                                strict=True)})
-    del occurrences, links  # the stage's largest tables: let go before the vectors are made
-    release_memory()
-    # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-    run.embedder.embed_ahead(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist() + chunks["text"].to_pylist())
-    failed = run.commit_graph(nodes, edges, failures)
+    # each write goes on beside the work that follows it (Arrow encodes without the interpreter)
+    with ThreadPoolExecutor(1) as pool:
+        rows_written = pool.submit(write_parquets, {path: decompose.with_version(table) for path, table
+                                                    in zip(rows_paths, (occurrences, links), strict=True)})
+        nodes, edges = decompose.updated_graph(occurrences, links, last, changed) \
+            if all(t is not None for t in last) else decompose.build_graph(occurrences, links)
+        rows_written.result()
+        del occurrences, links  # the stage's largest tables: let go before the vectors are made
+        release_memory()
+        committed = pool.submit(run.commit_graph, nodes, edges, failures)
+        # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
+        run.embedder.embed_ahead(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
+                                 + chunks["text"].to_pylist())
+        failed = committed.result()
     if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
         run.ws.cache.compact()
     return {"nodes": nodes.num_rows, "edges": edges.num_rows, **failed, **work}
