@@ -125,9 +125,13 @@ def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_f
     ids = sorted({f"{letter}_{int(value):016x}" for letter in "NST" for value in numbers[:120]} |
                  {f"S_{int(value):016x}" for value in numbers[120:]})
     column = pa.array(ids)
-    wanted = pa.array([ids[i] for i in rng.integers(0, len(ids), 500)] + ["R_" + ids[0][2:], "N_" + "f" * 16])
+    near = [f"S_{int(value) + step:016x}" for value in numbers[:40] for step in (-1, 1)]  # between two ids
+    wanted = pa.array([ids[i] for i in rng.integers(0, len(ids), 500)] + near + ["S_" + "0" * 16, "S_" + "f" * 16]
+                      + ["R_" + ids[0][2:], "N_" + "f" * 16])
     expected = pc.fill_null(pc.index_in(wanted, value_set=column), -1).to_numpy(zero_copy_only=False)
     assert np.array_equal(rows_in(column, wanted), expected) and (expected[-2:] == -1).all()
+    in_order = pc.sort_indices(wanted)  # an edge table's first end: searched as it is, not by buckets
+    assert np.array_equal(rows_in(column, wanted.take(in_order)), expected[in_order.to_numpy()])
     assert rows_in(pa.array(ids[::-1]), wanted) is None  # not sorted
     assert rows_in(pa.array(ids[:-1] + ["S_" + "g" * 16]), wanted) is None  # not hex
     assert rows_in(column, pa.array(["S_1"])) is None  # another width
