@@ -265,6 +265,30 @@ def test_kill_during_an_update_and_resume(base, round_one_fresh, tmp_path):
     assert noderag("stats", workspace, "--json").json()["documents"]["by_status"] == {"indexed": 18}
 
 
+def test_a_decomposition_cached_by_a_killed_run_is_its_checkpoint_then_let_go(base, tmp_path):
+    """The offline engine's decompositions are cached only until their rows are committed: a run
+    killed after decomposing the new chunk leaves it cached, the next run takes it from there
+    instead of decomposing it again, and then removes it, as it removes those it made itself."""
+    from noderag_cli.cache import DECOMPOSE, Cache
+
+    def decompositions_cached() -> int:
+        cache = Cache(workspace / "cache.sqlite", read_only=True)
+        try:
+            return cache.count(DECOMPOSE)
+        finally:
+            cache.close()
+
+    corpus, workspace = working_copy(base, tmp_path)
+    assert decompositions_cached() == 0
+    (corpus / "institutes").mkdir()
+    (corpus / "institutes" / "korven_institute.md").write_text(NEW_DOCUMENT)
+    killed = index(workspace, corpus, env={"NODERAG_TEST_KILL_AT": "decompose:18"}, expect=None)  # 17 kept, 1 new
+    assert killed.returncode == -signal.SIGKILL
+    assert decompositions_cached() == 1
+    assert stage_info(index(workspace, corpus))["decompose"]["cached"] >= 1  # the new chunk's, not decomposed again
+    assert decompositions_cached() == 0
+
+
 def _same_size_edit(path: Path, old: str, new: str) -> None:
     """Change a file's bytes, not its size, and set its modification time back: only its change
     time (and content) tells."""

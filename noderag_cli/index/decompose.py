@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -74,15 +75,25 @@ def input_key(name: str) -> str:
     return name.split("\x1f", 1)[1]
 
 
+class Decomposed(NamedTuple):
+    occurrences: pa.Table  # the rows of every chunk
+    links: pa.Table
+    failures: dict[str, str]  # reason per chunk id
+    work: dict[str, int]  # distinct chunk inputs `cached` (rows kept, or units from the cache), `decomposed`
+    changed: tuple[pa.Table, pa.Table] | None  # with `previous`: the rows of the inputs gone and not kept
+    checkpoints: list[str]  # the cache keys of the inputs whose rows were not kept (`forget_checkpoints`)
+
+
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
     previous: tuple[pa.Table, pa.Table] | None = None,
     executor: Executor | None = None,
-) -> tuple[pa.Table, pa.Table, dict[str, str], dict[str, int], tuple[pa.Table, pa.Table] | None]:
+) -> Decomposed:
     """The occurrence and link rows of every chunk; failure reasons per chunk id; how many
     distinct chunk inputs were `cached` (rows kept from `previous`, or units from the cache) and
-    how many the engine `decomposed` in this call; and, with `previous`, the rows that changed
-    (`updated_graph`'s `changed`: those of the inputs gone, and of those not kept).
+    how many the engine `decomposed` in this call; with `previous`, the rows that changed
+    (`updated_graph`'s `changed`: those of the inputs gone, and of those not kept); and the cache
+    keys of the inputs whose rows were made in this call.
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
@@ -146,8 +157,9 @@ def decompose_chunks(
     occurrence_parts = [r[1] for r in results]
     link_parts = [r[2] for r in results]
     del results, batches  # the lists of parts alone hold the fresh rows now
-    return _in_input_order(kept_occurrences, occurrence_parts), _in_input_order(kept_links, link_parts), failures, \
-        {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed
+    return Decomposed(_in_input_order(kept_occurrences, occurrence_parts), _in_input_order(kept_links, link_parts),
+                      failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed,
+                      [key for _, key, _ in pending])
 
 
 def _in_input_order(kept: pa.Table, fresh: list[pa.Table]) -> pa.Table:
@@ -264,14 +276,16 @@ def _decompose_here(engine: Engine, todo: list[tuple[ChunkInput, str, str]], cac
     return work
 
 
-def forget_checkpoints(chunks: pa.Table, engine: Engine, cache: Cache) -> int:
-    """Remove a pure engine's cached decompositions of these chunks, now that their rows are
-    committed: the rows are what an update reuses, and a second copy of every unit would only take
-    disk. An LLM engine's stay: each is a paid reply. Returns how many were removed."""
+def forget_checkpoints(keys: list[str], engine: Engine, cache: Cache) -> int:
+    """Remove a pure engine's cached decompositions under `keys` (`Decomposed.checkpoints`: the
+    chunks whose rows a run made, from the engine or from what a killed run cached), now that their
+    rows are committed: the rows are what an update reuses, and a second copy of every unit would
+    only take disk. The chunks whose rows were kept had theirs removed by the run that made them
+    (or, killed in between, by `noderag gc`). An LLM engine's stay: each is a paid reply. Returns
+    how many were removed."""
     if engine.pure_decompose is None:
         return 0
-    pairs = zip(chunks["title"].to_pylist(), chunks["text"].to_pylist(), strict=True)
-    return cache.delete_many(DECOMPOSE, set(cache_keys(engine.identity, pairs)))
+    return cache.delete_many(DECOMPOSE, set(keys))
 
 
 def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | None]]):

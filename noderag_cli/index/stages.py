@@ -265,7 +265,7 @@ def _decompose(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
     rows_paths = (run.path(OCCURRENCES.file), run.path(LINKS.file))
     kept = [run.trusted(o.file) for o in (OCCURRENCES, LINKS)]
-    occurrences, links, failures, work, changed = decompose.decompose_chunks(
+    occurrences, links, failures, work, changed, checkpoints = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance,
         decompose.read_rows(*kept) if all(kept) else None, run.executor,
     )
@@ -284,7 +284,7 @@ def _decompose(run: StageRun) -> dict:
         run.embedder.embed_ahead(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
                                  + chunks["text"].to_pylist())
         failed = committed.result()
-    if decompose.forget_checkpoints(chunks, run.engine, run.ws.cache):
+    if decompose.forget_checkpoints(checkpoints, run.engine, run.ws.cache):
         run.ws.cache.compact()
     return {"nodes": nodes.num_rows, "edges": edges.num_rows, **failed, **work}
 
