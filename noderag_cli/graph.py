@@ -424,6 +424,12 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     if (src < 0).any() or (dst < 0).any():
         raise ValueError("edge table names a node that is not in the node table")
     src, dst = src.astype(np.int32, copy=False), dst.astype(np.int32, copy=False)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n) + np.bincount(dst, minlength=n), out=indptr[1:])
+    if len(src) and (src < dst).all() and \
+            ((src[1:] > src[:-1]) | ((src[1:] == src[:-1]) & (dst[1:] > dst[:-1]))).all():
+        order = _merged_entry_order(src, dst, indptr)
+        return indptr, np.concatenate([dst, src])[order], order
     rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
     # each graph-wide temporary is let go once its copy is made: at a million passages each is
     # hundreds of megabytes
@@ -431,12 +437,30 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     key = rows.astype(np.int64)
     key *= max(n, 1)
     key += cols
+    del rows
     order = np.argsort(key, kind="stable")  # lexsort((cols, rows))'s order, one key
     del key
-    indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    del rows
     return indptr, cols[order], order
+
+
+def _merged_entry_order(src: np.ndarray, dst: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """`csr_entries`' order for the rows of a merged edge table (`merge_edges`: source < target, in
+    (source, target) order) whose nodes are in id order, as the stages' are: placed, not sorted. A
+    node's row lists its smaller neighbours (the edges it is the target of, already in source
+    order) before its larger ones (those it is the source of, already in target order), so only the
+    edges' order by target is needed: a stable sort by two 16-bit halves (numpy's radix sort)."""
+    edges = len(src)
+    low = np.argsort((dst & 0xFFFF).astype(np.uint16), kind="stable")
+    by_target = low[np.argsort((dst[low] >> 16).astype(np.uint16), kind="stable")]
+    del low
+    as_target = np.bincount(dst, minlength=len(indptr) - 1)
+    as_source = np.diff(indptr) - as_target
+    order = np.empty(2 * edges, np.int64)
+    targets = dst[by_target]
+    order[indptr[targets] + np.arange(edges) - (np.cumsum(as_target) - as_target)[targets]] = by_target + edges
+    del targets, by_target
+    order[indptr[src] + as_target[src] + np.arange(edges) - (np.cumsum(as_source) - as_source)[src]] = np.arange(edges)
+    return order
 
 
 def per_entry(edges: pa.Table, column: str, order: np.ndarray, dtype) -> np.ndarray:

@@ -144,3 +144,28 @@ def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_f
     assert np.array_equal(np.diff(by_number[0])[order], np.diff(by_string[0]))
     with pytest.raises(ValueError, match="not in the node table"):
         csr_entries(pa.array(ids[1:]), edges)
+
+
+def test_a_merged_edge_tables_adjacency_is_placed_as_the_general_sort_orders_it():
+    """`csr_arrays` of a merged edge table (source < target, sorted: every stage's) over nodes in id
+    order places each entry (a node's smaller neighbours, then its larger ones) instead of sorting
+    them; the same arrays as the sort that takes edges in any order, which the table's rows reversed
+    get. Node counts past 65,536 test both halves of the targets' radix sort."""
+    import numpy as np
+    import pyarrow as pa
+
+    from noderag_cli.graph import csr_arrays, edge_rows, merge_edges
+
+    rng = np.random.default_rng(7)
+    for count, edge_count in ((4, 10), (40, 300), (140_000, 200_000)):
+        ids = pa.array(sorted({f"{letter}_{int(v):016x}" for letter in "NS"
+                               for v in rng.integers(0, 2**63, count // 2, dtype=np.uint64)}))
+        ends = rng.integers(0, len(ids), (edge_count, 2))
+        ends = ends[ends[:, 0] != ends[:, 1]]
+        merged = merge_edges([edge_rows(ids.take(pa.array(ends[:, 0])), ids.take(pa.array(ends[:, 1])), "S-N")])
+        merged = merged.set_column(3, "weight", pa.array(rng.random(merged.num_rows).astype(np.float32)))
+        placed = csr_arrays(ids, merged)
+        sorted_ = csr_arrays(ids, merged.take(pa.array(np.arange(merged.num_rows)[::-1])))
+        assert merged.num_rows and all(np.array_equal(a, b) for a, b in zip(placed, sorted_, strict=True))
+        assert placed[0][-1] == 2 * merged.num_rows  # each edge seen from both ends
+    assert len(ids) > 2**16  # the last graph's targets need both halves
