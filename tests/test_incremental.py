@@ -265,13 +265,15 @@ def test_kill_during_an_update_and_resume(base, round_one_fresh, tmp_path):
     assert noderag("stats", workspace, "--json").json()["documents"]["by_status"] == {"indexed": 18}
 
 
-def test_a_decomposition_cached_by_a_killed_run_is_its_checkpoint_then_let_go(base, tmp_path):
-    """The offline engine's decompositions are cached only until their rows are committed: a run
-    killed after decomposing the new chunk leaves it cached, the next run takes it from there
-    instead of decomposing it again, and then removes it, as it removes those it made itself."""
+def test_a_killed_update_resumes_with_the_work_the_last_committed_run_left(base, tmp_path):
+    """A stage killed midway leaves the next run what its last committed run left: the decompose
+    stage keeps the rows of the unchanged chunks and takes the new chunk's units from the cache,
+    where the killed run checkpointed them (then lets them go, as it lets go of those it made); the
+    similarity stage searches only the new rows' lists. The resumed update does the work of an
+    update never killed, and gives its tables."""
     from noderag_cli.cache import DECOMPOSE, Cache
 
-    def decompositions_cached() -> int:
+    def decompositions_cached(workspace: Path) -> int:
         cache = Cache(workspace / "cache.sqlite", read_only=True)
         try:
             return cache.count(DECOMPOSE)
@@ -279,14 +281,23 @@ def test_a_decomposition_cached_by_a_killed_run_is_its_checkpoint_then_let_go(ba
             cache.close()
 
     corpus, workspace = working_copy(base, tmp_path)
-    assert decompositions_cached() == 0
+    straight = copy_workspace(workspace, tmp_path / "straight")
+    assert decompositions_cached(workspace) == 0
     (corpus / "institutes").mkdir()
     (corpus / "institutes" / "korven_institute.md").write_text(NEW_DOCUMENT)
+    expected = stage_info(index(straight, corpus))
     killed = index(workspace, corpus, env={"NODERAG_TEST_KILL_AT": "decompose:18"}, expect=None)  # 17 kept, 1 new
     assert killed.returncode == -signal.SIGKILL
-    assert decompositions_cached() == 1
-    assert stage_info(index(workspace, corpus))["decompose"]["cached"] >= 1  # the new chunk's, not decomposed again
-    assert decompositions_cached() == 0
+    assert decompositions_cached(workspace) == 1
+    killed = index(workspace, corpus, env={"NODERAG_TEST_KILL_AT": "similarity:start"}, expect=None)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = stage_info(index(workspace, corpus))
+    decompose = noderag("stats", workspace, "--json").json()["stages"]["decompose"]  # the second run's
+    assert (decompose["decomposed"], decompose["cached"]) == (0, 18)
+    assert decompositions_cached(workspace) == 0
+    assert resumed["similarity"]["rows_searched"] == expected["similarity"]["rows_searched"]
+    assert 0 < expected["similarity"]["rows_searched"] < resumed["similarity"]["edges"]
+    assert_same_tables(workspace, straight)
 
 
 def _same_size_edit(path: Path, old: str, new: str) -> None:

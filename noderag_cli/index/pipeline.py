@@ -299,7 +299,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
                 reporter.warn(message)
                 log.warning(message)
         stage_print = decision.fingerprint or fingerprint(stage, settings, digests, scan)
-        manifest.stages[stage.name] = StageEntry(RUNNING, stage_print, settings)
+        committed = entry.committed_files if entry is not None else {}
+        manifest.stages[stage.name] = StageEntry(RUNNING, stage_print, settings, last_files=committed or None)
         manifest.save(ws)
         log.info("stage %s started (%s)", stage.name, decision.reason)
         kill_point(stage.name, "start")
@@ -310,7 +311,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, (entry.files or {}) if entry is not None and entry.done else {},
+                                  executor, committed,
                                   rebuild, anchor_from))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()

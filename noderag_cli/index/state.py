@@ -23,7 +23,7 @@ from .outputs import CHUNKS, DECOMPOSE_FAILURES, DOCUMENTS, FAILURES, OCCURRENCE
 from .stages import STAGES
 
 RUNNING, DONE = "running", "done"
-_ENTRY_FIELDS = ("state", "fingerprint", "settings", "outputs", "files", "seconds", "llm")
+_ENTRY_FIELDS = ("state", "fingerprint", "settings", "outputs", "files", "seconds", "llm", "last_files")
 
 
 @dataclass
@@ -40,10 +40,19 @@ class StageEntry:
     seconds: float = 0.0
     llm: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
+    # while running: the checksums the last committed run recorded (`committed_files`), so that a
+    # run killed midway leaves the next one the earlier outputs it may still reuse
+    last_files: dict[str, str] | None = None
 
     @property
     def done(self) -> bool:
         return self.state == DONE
+
+    @property
+    def committed_files(self) -> dict[str, str]:
+        """The checksums of the outputs of the stage's last committed run: those it recorded when
+        done, those kept from before when running (a stage only reuses a file that matches them)."""
+        return (self.files if self.done else self.last_files) or {}
 
     @property
     def failures(self) -> int:
@@ -59,6 +68,8 @@ class StageEntry:
         data = {"state": self.state, "fingerprint": self.fingerprint, "settings": self.settings}
         if self.done:
             data |= {"outputs": self.outputs, "files": self.files, "seconds": self.seconds, "llm": self.llm}
+        elif self.last_files:
+            data["last_files"] = self.last_files
         return data | self.details
 
 
