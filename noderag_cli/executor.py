@@ -222,15 +222,20 @@ KEPT_GROWTH = 1.4
 100,000 passages, 8.5 against 6.6 GB at 200,000)."""
 
 
-def keeping_memory_if_it_fits(input_bytes: int, memory_mb: str | float) -> contextlib.AbstractContextManager:
-    """`keeping_freed_memory` for a run whose peak, so kept, should stay under `executor.memory_mb`,
+def memory_fits(input_bytes: int, memory_mb: str | float) -> bool:
+    """Whether a run's peak, with the memory it frees kept, should stay under `executor.memory_mb`,
     judged from the size of its input (the same input, the same choice: a build's memory grows
-    with its corpus, `PEAK_PER_INPUT`, `KEPT_GROWTH`); otherwise nothing: the run gives freed
-    memory back at once, its peak as low as it can be. The choice is made before the stages: a
+    with its corpus, `PEAK_PER_INPUT`, `KEPT_GROWTH`). The choice is made before the stages: a
     process only finds itself over the budget once it is."""
     budget = budget_mb(memory_mb)
-    expected = PEAK_PER_INPUT * KEPT_GROWTH * input_bytes / 1e6
-    return keeping_freed_memory(budget) if not budget or expected <= budget else contextlib.nullcontext()
+    return not budget or PEAK_PER_INPUT * KEPT_GROWTH * input_bytes / 1e6 <= budget
+
+
+def keeping_memory_if_it_fits(input_bytes: int, memory_mb: str | float) -> contextlib.AbstractContextManager:
+    """`keeping_freed_memory` for a run that `memory_fits`; otherwise nothing: the run gives freed
+    memory back at once, its peak as low as it can be."""
+    return keeping_freed_memory(budget_mb(memory_mb)) if memory_fits(input_bytes, memory_mb) \
+        else contextlib.nullcontext()
 
 
 @functools.cache

@@ -617,6 +617,34 @@ def test_freed_memory_is_kept_only_by_a_build_expected_to_fit_its_budget():
     assert not keeps(expected / 2)
 
 
+def test_a_build_expected_to_fit_its_budget_decodes_each_stage_table_once(tmp_path, monkeypatch):
+    """A run that keeps what it frees (`executor.memory_fits`) also keeps the stage tables it has
+    read while a later stage reads them: the decompose stage's nodes, read by five stages, are
+    decoded once; over the budget, once per stage. The tables built are the same."""
+    from collections import Counter
+
+    from noderag_cli.config import Config, changed
+    from noderag_cli.workspace import Workspace
+
+    reads: Counter = Counter()
+    read_table = Workspace.read_table
+
+    def counted(self, path, columns=None):
+        reads[path.name] += 1
+        return read_table(self, path, columns)
+
+    monkeypatch.setattr(Workspace, "read_table", counted)
+    api.index(tmp_path / "kept", SAMPLE_CORPUS)
+    kept = dict(reads)
+    reads.clear()
+    config = Config()
+    api.index(tmp_path / "read", SAMPLE_CORPUS, config=config.model_copy(
+        update={"executor": changed(config.executor, memory_mb=0.001)}))
+    assert kept["decompose.nodes.parquet"] == 1 and reads["decompose.nodes.parquet"] == 5
+    assert sum(kept.values()) < sum(reads.values())
+    assert_same_tables(tmp_path / "kept", tmp_path / "read")
+
+
 def test_what_holds_the_spill_folders_name_is_removed_never_followed(tmp_path):
     """A symlink (to a folder outside), a FIFO or a file where the spill folder goes: the name is
     taken back, nothing is written through the link or into the FIFO, and the arrays spill."""

@@ -34,7 +34,7 @@ from ..config import COST_ONLY, Config, changed, config_to_yaml
 from ..embeddings import Embedder, VectorMemory, check_embedding
 from ..engines.base import Engine, EngineStats
 from ..errors import InputError, WorkspaceError
-from ..executor import Executor, keeping_memory_if_it_fits, release_memory
+from ..executor import Executor, keeping_memory_if_it_fits, memory_fits, release_memory
 from ..files import atomic_write_bytes, file_digests, json_digest, write_parquet
 from ..generation import Generation
 from ..node_types import NODE_TYPES
@@ -43,7 +43,7 @@ from . import assemble
 from .outputs import Output
 from .scan import keep_last_content, remember
 from .scan import scan as scan_files
-from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, kill_point
+from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, keep_tables_for, kill_point
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
@@ -255,9 +255,12 @@ def run_pipeline(
     for handler in log.handlers:
         engine_log.addHandler(handler)
     try:
-        with keeping_memory_if_it_fits(sum(f.size for f in readable), config.executor.memory_mb):
+        input_bytes = sum(f.size for f in readable)
+        # a run expected to fit its memory budget keeps what it frees and the tables it reads
+        tables = {} if memory_fits(input_bytes, config.executor.memory_mb) else None
+        with keeping_memory_if_it_fits(input_bytes, config.executor.memory_mb):
             _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
-                        scan, result, log, rebuild, anchor_from)
+                        scan, result, log, rebuild, anchor_from, tables)
     finally:
         for handler in log.handlers:
             engine_log.removeHandler(handler)
@@ -279,9 +282,12 @@ def run_pipeline(
 
 def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder, reporter: Reporter,
                 stop_after: str | None, manifest: Manifest, digests: dict, executor: Executor,
-                scan: str, result: IndexResult, log, rebuild: bool, anchor_from: Workspace | None) -> None:
-    """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed."""
-    for stage in STAGES:
+                scan: str, result: IndexResult, log, rebuild: bool, anchor_from: Workspace | None,
+                tables: dict | None = None) -> None:
+    """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed.
+    `tables`: the tables the stages have read, kept while a later stage reads them (`StageRun.read`)."""
+    for number, stage in enumerate(STAGES):
+        keep_tables_for(tables, STAGES[number:])
         settings = settings_digest(config, engine.identity, stage)
         entry = manifest.entry(stage.name)
         decision = decide(ws, stage, entry, settings, digests, scan, rebuild)
@@ -311,8 +317,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, committed,
-                                  rebuild, anchor_from))
+                                  executor, committed, rebuild, anchor_from, tables))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0
