@@ -313,9 +313,14 @@ def _decompose(run: StageRun) -> dict:
         del occurrences, links  # the stage's largest tables: let go before the vectors are made
         release_memory()
         committed = pool.submit(run.commit_graph, nodes, edges, failures)
-        # every S and T vector now, while the units are at hand: K-means and the embed stage find them cached
-        run.embedder.embed_ahead(nodes.filter(pc.equal(nodes["type"], "S"))["text"].to_pylist()
-                                 + chunks["text"].to_pylist())
+        # every new S and T vector now, while the units are at hand: K-means and the embed stage find
+        # them in memory; an update's other nodes have theirs there already, from the last build
+        units, texts = nodes, chunks
+        if changed is not None:
+            units = nodes.filter(pc.is_in(nodes["id"], value_set=pc.unique(changed[0]["node"])))
+            texts = chunks.filter(pc.is_in(chunks["chunk_id"], value_set=pc.unique(changed[0]["chunk"])))
+        run.embedder.embed_ahead(units.filter(pc.equal(units["type"], "S"))["text"].to_pylist()
+                                 + texts["text"].to_pylist())
         failed = committed.result()
     if decompose.forget_checkpoints(checkpoints, run.engine, run.ws.cache):
         run.ws.cache.compact()
