@@ -126,9 +126,8 @@ class StageRun:
 
     def read(self, output: Output, columns: list[str] | None = None) -> pa.Table:
         """An input's table; with the run's `tables`, the one read by an earlier stage of the run
-        while its file is the same (the stage tables are read by up to five stages each: the
-        decompose stage's nodes and edges alone took ~4 s of decoding per update at 100,000
-        passages)."""
+        while its file is the same: a stage table is read by up to five stages, and decoding it
+        again each time costs more than holding it between them."""
         path = self.input_path(output)
         if self.tables is None:
             return self.ws.read_table(path, columns)
