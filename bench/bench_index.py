@@ -273,8 +273,8 @@ def measure(data: Path, work: Path, runs: int, with_kill: bool) -> list[str]:
         f"- Similarity edges in the update: {similarity.get('rows_searched', '?'):,} of "
         f"{embedded:,} "
         f"embedded nodes searched against every node (new ones, and old ones that lost more than 16 of their "
-        f"80 stored candidates); {similarity.get('rows_pruned', '?'):,} had their first 64 candidates change and "
-        f"were pruned again.",
+        f"80 stored candidates); {similarity.get('rows_pruned', '?'):,} had a change that can move what the heuristic "
+        f"keeps (a new row it keeps, a kept candidate deleted) and were pruned again from there.",
         f"- Process start-up, paid by every run: {startup:.2f} s (wall minus pipeline time), "
         f"{startup / median([s.wall for s in scratch]):.0%} of the from-scratch time. A run with nothing to do "
         f"(the same folder again: start-up, scan, checks) takes {median([u.wall for u in unchanged]):.2f} s, "

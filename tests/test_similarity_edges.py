@@ -76,19 +76,61 @@ def test_update_equals_fresh_computation(corpus):
 
 
 def test_an_update_that_changes_every_list_prunes_them_on_their_scores(corpus):
-    """Deletions that reach into the first K of every remaining list: every row is pruned again,
-    the reused ones on scores recomputed from the grid (none are stored), as a fresh run finds."""
+    """Deletions of a kept candidate of every remaining list: every row is pruned again, the reused
+    ones on scores recomputed from the grid (none are stored), as a fresh run finds."""
     keys, vectors = corpus
     base = se.neighbour_lists(keys, vectors, K)
     deleted = np.zeros(len(keys), bool)
-    for row in range(len(keys)):  # until every remaining row has lost one of its first K
-        if not deleted[row] and not deleted[base.candidates[row, :K]].any():
-            deleted[base.candidates[row, 0]] = True
+    for row in range(len(keys)):  # until every remaining row has lost one of the candidates it kept
+        if not deleted[row] and not deleted[base.candidates[row, :K][base.kept[row]]].any():
+            deleted[base.candidates[row, 0]] = True  # a list's best candidate is always kept
     final = np.flatnonzero(~deleted)
     update = se.neighbour_lists(keys[final], vectors[final], K, se.to_table(keys, base))
     fresh = se.neighbour_lists(keys[final], vectors[final], K)
     assert update.searched < len(final) and update.pruned == len(final)  # lists reused, every one pruned
     assert np.array_equal(update.candidates[:, :K], fresh.candidates[:, :K])
+    assert np.array_equal(update.kept, fresh.kept)
+
+
+def test_an_update_prunes_again_only_the_lists_whose_kept_candidates_can_change(corpus):
+    """A flag depends only on the kept candidates ahead of it: a list that loses a candidate it did
+    not keep, or gains a new row it does not keep, keeps its flags without being pruned again, and
+    they are still a fresh run's flags."""
+    keys, vectors = corpus
+    n = len(keys)
+    base = np.arange(n - 40)
+    before = se.neighbour_lists(keys[base], vectors[base], K)
+    passed_over = np.bincount(before.candidates[:, :K][~before.kept], minlength=len(base))
+    kept_by = np.bincount(before.candidates[:, :K][before.kept], minlength=len(base))
+    deleted = np.argsort(kept_by - passed_over, kind="stable")[:10]  # in many lists, kept by few
+    final = np.setdiff1d(np.arange(n), deleted)
+    update = se.neighbour_lists(keys[final], vectors[final], K, se.to_table(keys[base], before))
+    fresh = se.neighbour_lists(keys[final], vectors[final], K)
+    assert np.array_equal(update.candidates[:, :K], fresh.candidates[:, :K])
+    assert np.array_equal(update.kept, fresh.kept)
+
+    names = lambda lists, rows, row: [rows[c] for c in lists.candidates[row, :K]]  # noqa: E731
+    place = {node: row for row, node in enumerate(final)}
+    changed = sum(names(before, base, row) != names(fresh, final, place[row]) for row in base if row not in deleted)
+    assert changed > 10 and update.pruned < update.searched + changed  # some changed lists kept their flags
+    assert fresh.kept[np.isin(fresh.candidates[:, :K], np.flatnonzero(final >= n - 40))].any()  # and new rows were kept
+
+
+def test_new_rows_that_tie_with_listed_ones_are_placed_by_column(corpus):
+    """New rows whose vectors equal listed rows' score the same for every row: each list places
+    them by column among their equals, as a fresh run sorts them."""
+    keys, vectors = corpus
+    base = np.arange(0, len(keys) - 30)
+    before = se.neighbour_lists(keys[base], vectors[base], K)
+    twins = before.candidates[:30, 0]  # rows many lists hold near their top
+    final_keys = np.concatenate([keys[base], [f"{keys[t]}:twin{side}" for t in twins for side in "ab"]])
+    final_vectors = np.concatenate([vectors[base], np.repeat(vectors[twins], 2, axis=0)])
+    order = np.argsort(final_keys)
+    final_keys, final_vectors = final_keys[order], final_vectors[order]
+    update = se.neighbour_lists(final_keys, final_vectors, K, se.to_table(keys[base], before))
+    fresh = se.neighbour_lists(final_keys, final_vectors, K)
+    assert update.searched < len(final_keys)
+    assert np.array_equal(update.candidates, fresh.candidates)
     assert np.array_equal(update.kept, fresh.kept)
 
 

@@ -66,7 +66,7 @@ class Neighbours:
     candidates: np.ndarray  # (n, k + SLACK) int32 rows
     kept: np.ndarray  # (n, k) bool
     searched: int = 0  # rows searched (against every node, or their probed clusters) this run
-    pruned: int = 0  # rows whose first k changed, heuristic rerun
+    pruned: int = 0  # rows the heuristic was rerun on (from their first flag a change can move)
     centroids: np.ndarray | None = None  # the clustered index's, when the candidates came from one
     probes: np.ndarray | None = None  # (n, p) int32: each row's nearest of those centroids, nearest first
 
@@ -229,9 +229,9 @@ class _Lists:
     kept: np.ndarray
     reused: np.ndarray  # rows taken from the earlier run
     unscored: np.ndarray  # reused rows whose scores are not computed yet
-    lost_at: np.ndarray  # per reused row, the first of its first k positions whose candidate was deleted (k: none)
+    decided: np.ndarray  # per reused row, its first candidates as taken in whose flags the last run decided
+    blocked_at: np.ndarray  # per reused row, the first candidate as taken in after a deleted kept one (k: none)
     is_new: np.ndarray  # rows the earlier run did not have
-    before: np.ndarray  # the first k of each reused row as taken in
 
     @classmethod
     def start(cls, ids: np.ndarray, k: int, width: int, previous: pa.Table | None, spill: Spill | None = None) -> _Lists:
@@ -241,12 +241,12 @@ class _Lists:
         scores = spill.full((n, width), -np.inf, np.float32)
         kept = spill.full((n, width), False, bool)
         reused = is_new = np.zeros(n, bool)
-        lost_at = np.full(n, k, np.int64)
+        decided = blocked_at = np.full(n, k, np.int64)
         if previous is not None and previous.num_rows and n > k:
-            reused, lost_at = _take_previous(previous, ids, k, candidates, kept)
+            reused, decided, blocked_at = _take_previous(previous, ids, k, candidates, kept)
             is_new = ~pc.is_in(pa.array(ids, pa.string()), value_set=previous["id"].combine_chunks()).to_numpy(
                 zero_copy_only=False)
-        return cls(k, candidates, scores, kept, reused, reused.copy(), lost_at, is_new, candidates[reused, :k])
+        return cls(k, candidates, scores, kept, reused, reused.copy(), decided, blocked_at, is_new)
 
     def last(self, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row, the score and column of the last entry of a reused row's list: a new row enters
@@ -267,21 +267,39 @@ class _Lists:
 
     def merge_new(self, grid: np.ndarray, found: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                   old: np.ndarray) -> None:
-        """`_merge_new` on the reused rows' lists, scored first."""
-        positions = [f[0] for f in found]
-        if positions:
-            self.score(grid, old[distinct(np.concatenate(positions))])
-        _merge_new(found, old, self.candidates, self.scores)
+        """`_merge_new` on the reused rows' lists. Their scores are left to be computed for the
+        rows that are pruned again (`pruned`): a new entry's place needs a few of them only."""
+        hit = _merge_new(grid, found, old, self.candidates)
+        self.unscored[hit] = True
 
     def pruned(self, grid: np.ndarray, searched: int, centroids: np.ndarray | None = None) -> Neighbours:
-        """The lists with the heuristic rerun on the rows whose first k changed, from the first
-        position that changed: the flags before it depend only on the candidates before it."""
+        """The lists with the heuristic's flags brought up to date. A candidate's flag depends only
+        on the kept candidates ahead of it, so a reused row keeps its flags but for its events: a
+        new row merged in, or a candidate that moved up into the first k (the last run did not
+        decide it). Each event is decided against the kept ones ahead of it; from the first event
+        kept, or the first candidate after a deleted kept one, the row is pruned again."""
         k, n = self.k, len(self.reused)
         kept = self.kept[:, :k]
-        old = np.flatnonzero(self.reused)
-        changed = self.candidates[old, :k] != self.before
         start = np.zeros(n, np.int64)  # a searched row is pruned whole
-        start[old] = np.minimum(np.where(changed.any(axis=1), changed.argmax(axis=1), k), self.lost_at[old])
+        old = np.flatnonzero(self.reused)
+        start[old] = k  # a reused row without events keeps its flags
+        cols = self.candidates[old, :k]
+        inserted = self.is_new[np.maximum(cols, 0)] & (cols >= 0)  # only new rows are merged in
+        touched = np.flatnonzero(inserted.any(axis=1) | (self.decided[old] < k) | (self.blocked_at[old] < k))
+        rows, cols, inserted = old[touched], cols[touched], inserted[touched]
+        taken_in = np.arange(k) - (np.cumsum(inserted, axis=1) - inserted)  # an old candidate's place as taken in
+        decided = taken_in < self.decided[rows, None]
+        flags = ~inserted & decided & np.take_along_axis(self.kept[rows], np.minimum(taken_in, k - 1), axis=1)
+        event = (inserted | ~decided) & (cols >= 0)
+        after_lost = ~inserted & (taken_in >= self.blocked_at[rows, None])
+        start[rows] = np.where(after_lost.any(axis=1), after_lost.argmax(axis=1), k)
+        event &= np.arange(k) < start[rows, None]
+        at, j = np.nonzero(event)
+        stays = _kept_events(grid, rows[at], cols, flags, at, j)
+        first = np.full(len(rows), k, np.int64)
+        np.minimum.at(first, at[stays], j[stays])
+        start[rows] = np.minimum(start[rows], first)
+        kept[rows] = flags  # an event before the row's start is not kept
         redo = np.flatnonzero(start < k)
         self.score(grid, redo)
         if len(redo) == n:  # every row (a full build, or every list changed): the lists, not a copy
@@ -289,6 +307,35 @@ class _Lists:
         else:
             kept[redo] = prune(grid, self.candidates[redo, :k], self.scores[redo, :k], start[redo], kept[redo])
         return Neighbours(self.candidates, kept, searched=searched, pruned=len(redo), centroids=centroids)
+
+
+EVENT_BLOCK = 2048  # (event, kept candidate ahead of it) pairs scored at a time: gathers that stay in cache
+
+
+def _kept_events(grid: np.ndarray, rows: np.ndarray, cols: np.ndarray, flags: np.ndarray, at: np.ndarray,
+                 j: np.ndarray) -> np.ndarray:
+    """Whether the heuristic keeps each event: the candidate `cols[at, j]` of row `rows[i]` (i
+    its event), given the kept candidates ahead of it (`flags[at, :j]`): kept unless one of them is
+    more similar to it than the row's node is. The same whole-number products as `prune`'s."""
+    candidate = cols[at, j]
+    blocked = np.zeros(len(at), bool)
+    ahead_event, ahead = np.nonzero(flags[at] & (np.arange(cols.shape[1]) < j[:, None]))
+    own = np.empty(len(at), np.float32)
+
+    def score_own(start: int) -> None:
+        part = slice(start, start + EVENT_BLOCK)
+        own[part] = np.einsum("ij,ij->i", widened(grid[rows[part]]), widened(grid[candidate[part]]))
+
+    def score_ahead(start: int) -> np.ndarray:
+        e = ahead_event[start : start + EVENT_BLOCK]
+        other = cols[at[e], ahead[start : start + EVENT_BLOCK]]
+        return np.einsum("ij,ij->i", widened(grid[candidate[e]]), widened(grid[other])) > own[e]
+
+    in_parallel(score_own, list(range(0, len(at), EVENT_BLOCK)))
+    closer = in_parallel(score_ahead, list(range(0, len(ahead_event), EVENT_BLOCK)))
+    if closer:
+        blocked[ahead_event[np.concatenate(closer)]] = True
+    return ~blocked
 
 
 PROBE_PHASES = ((0, 1), (1, 4), (4, None))  # probe ranks scored before the bound is raised again
@@ -512,8 +559,9 @@ def _newcomers(grid: np.ndarray, clusters: Clusters, probes: int, old: np.ndarra
 
 def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept):
     """Fill in the rows of nodes that still exist and keep at least k existing candidates, in
-    order, deleted ones dropped. Returns (reused rows, per row the first of its first k positions
-    whose candidate was deleted, k where none was). Lists of one length whose candidates all
+    order, deleted ones dropped. Returns (reused rows, and per row in its list as taken in: how many
+    of the first candidates the last run decided (k less the deletions among its first k), and the
+    position of the first candidate after a deleted kept one (k: none)). Lists of one length whose candidates all
     still exist (most of them: an update deletes few nodes) are copied as rows of a matrix; only
     the others are compacted entry by entry."""
     n = len(ids)
@@ -525,7 +573,7 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept
 
     lengths = pc.list_value_length(previous["candidates"].combine_chunks()).to_numpy()
     named, flags = flat("candidates"), flat("kept")  # candidates as rows of `previous`
-    reused, lost_at = np.zeros(n, bool), np.full(n, k, np.int64)
+    reused, decided, blocked_at = np.zeros(n, bool), np.full(n, k, np.int64), np.full(n, k, np.int64)
     lists = np.arange(len(row))  # the rows of `previous` compacted entry by entry
     width = int(lengths[0]) if len(lengths) else 0
     if len(lengths) and k <= width <= candidates.shape[1] and (lengths == width).all():
@@ -547,24 +595,31 @@ def _take_previous(previous: pa.Table, ids: np.ndarray, k: int, candidates, kept
     target = row[lists][owner[take]]
     candidates[target, slot] = flat_rows[take]
     kept[target, slot] = flags[take]
-    early = ~exists & (position < k)
-    lost_early = np.full(len(lists), k, np.int64)
-    np.minimum.at(lost_early, owner[early], position[early])
+    early = ~exists & (position < k)  # deleted from a list's first k
+    ahead = np.concatenate([[0], np.cumsum(early)])
+    gone_before = ahead[:-1] - np.repeat(ahead[np.cumsum(lengths) - lengths], lengths)  # in its list
+    decided_early = k - np.bincount(owner[early], minlength=len(lists))
+    blocking = early & flags.astype(bool)  # a kept one: the candidates after it lose what it blocked
+    blocked_early = np.full(len(lists), k, np.int64)
+    np.minimum.at(blocked_early, owner[blocking], position[blocking] - gone_before[blocking])
     taken_rows = row[lists][usable]
     reused[taken_rows] = True
-    lost_at[taken_rows] = lost_early[usable]
-    return reused, lost_at
+    decided[taken_rows] = decided_early[usable]
+    blocked_at[taken_rows] = blocked_early[usable]
+    return reused, decided, blocked_at
 
 
-def _merge_new(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], old: np.ndarray, candidates, scores) -> None:
+def _merge_new(grid: np.ndarray, found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], old: np.ndarray,
+               candidates) -> np.ndarray:
     """Reused rows take in the new nodes that beat their last candidate: `found` holds (position in
     `old`, new row, score) triples. Each row's list is sorted (score, then column) and the new
-    columns are not in it, so this is a merge of two sorted lists: every entry's place is the
-    number of entries of the other list that precede it, counted, not sorted."""
+    columns are not in it, so this is a merge of two sorted lists: a new entry's place is the
+    number of the row's entries ahead of it (`_entries_ahead`), plus the new ones of the row ahead
+    of it. Returns the rows whose lists changed."""
     width = candidates.shape[1]
     o = np.concatenate([f[0] for f in found])
     if not len(o):
-        return
+        return np.zeros(0, np.int64)
     c = np.concatenate([f[1] for f in found])
     v = np.concatenate([f[2] for f in found])
     order = np.lexsort((c, -v, o))
@@ -572,32 +627,52 @@ def _merge_new(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], old: np.n
     hit, first = np.unique(o, return_index=True)
     slot = np.searchsorted(hit, o)  # row of the triple among the hit rows
     targets = old[hit]
-    old_cols, old_scores = candidates[targets], scores[targets]
     rank = np.arange(len(o)) - first[slot]  # among the new entries of its row
-    # old entries ahead of each new one: a binary search on (row, score) keys, ascending as the lists
-    # are; among equal scores (rare) the smaller column goes first
-    row_bits = np.arange(len(hit), dtype=np.uint64)[:, None] << np.uint64(32)
-    keys = (row_bits | _descending_key(old_scores)).ravel()
-    wanted = (slot.astype(np.uint64) << np.uint64(32)) | _descending_key(v)
-    lo, hi = np.searchsorted(keys, wanted, "left"), np.searchsorted(keys, wanted, "right")
-    before = lo - slot * width
-    for i in np.flatnonzero(hi > lo):
-        before[i] += int(((keys[lo[i] : hi[i]] == wanted[i]) & (old_cols.ravel()[lo[i] : hi[i]] < c[i])).sum())
+    before = _entries_ahead(grid, targets[slot], candidates, c, v)
+    old_cols = candidates[targets]
     inserted = np.zeros((len(hit), width + 1), np.int64)
     np.add.at(inserted, (slot, before), 1)
     shift = np.cumsum(inserted[:, :width], axis=1)  # new entries ahead of each old one
-    merged_cols = np.full((len(hit), width), -1, np.int64)
-    merged_scores = np.full((len(hit), width), -np.inf, np.float32)
+    merged_cols = np.full((len(hit), width), -1, candidates.dtype)
     destination = np.arange(width) + shift
     fits = destination < width
     rows = np.broadcast_to(np.arange(len(hit))[:, None], fits.shape)[fits]
     merged_cols[rows, destination[fits]] = old_cols[fits]
-    merged_scores[rows, destination[fits]] = old_scores[fits]
     destination = before + rank
     fits = destination < width
     merged_cols[slot[fits], destination[fits]] = c[fits]
-    merged_scores[slot[fits], destination[fits]] = v[fits]
-    candidates[targets], scores[targets] = merged_cols, merged_scores
+    candidates[targets] = merged_cols
+    return targets
+
+
+MERGE_BLOCK = 4096  # new entries placed at a time
+
+
+def _entries_ahead(grid: np.ndarray, rows: np.ndarray, candidates, cols: np.ndarray,
+                   values: np.ndarray) -> np.ndarray:
+    """For each new entry (column `cols[i]`, exact score `values[i]` for row `rows[i]`), how many
+    entries of the row's sorted list (`candidates[rows[i]]`) go before it: those with a higher score, or the
+    same and a smaller column (-1 padding: none). A binary search, each step scoring one entry
+    per new one (the same bits as `exact_scores`), not the whole list."""
+    out = np.empty(len(rows), np.int64)
+    width = candidates.shape[1]
+
+    def block(start: int) -> None:
+        part = slice(start, start + MERGE_BLOCK)
+        row, col, value = rows[part], cols[part], values[part]
+        mine = widened(grid[row])
+        lo, hi = np.zeros(len(mine), np.int64), np.full(len(mine), width, np.int64)
+        while (open_ := np.flatnonzero(lo < hi)).size:
+            mid = (lo[open_] + hi[open_]) // 2
+            entry = candidates[row[open_], mid]
+            score = np.einsum("ij,ij->i", mine[open_], widened(grid[np.maximum(entry, 0)])) * np.float32(1 / QUANT**2)
+            ahead = (entry >= 0) & ((score > value[open_]) | ((score == value[open_]) & (entry < col[open_])))
+            lo[open_] = np.where(ahead, mid + 1, lo[open_])
+            hi[open_] = np.where(ahead, hi[open_], mid)
+        out[part] = lo
+
+    in_parallel(block, list(range(0, len(rows), MERGE_BLOCK)))
+    return out
 
 
 def pairs(neighbours: Neighbours) -> np.ndarray:
