@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,7 +216,12 @@ def run_pipeline(
     started = time.perf_counter()
     check_embedding(ws.root, Manifest.load(ws).embedding.get("model"), embedder.model_id)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing the files, shown as it goes
-    files = scan_files(input_folder, config.chunk, reporter.advance, ws.cache)
+    with ThreadPoolExecutor(1) as pool:  # the last build's vectors are mapped and checked beside the scan
+        recalled = pool.submit(_recall_vectors, ws, embedder) \
+            if Manifest.load(ws).embedding.get("vectors") == embedder.vector_id else None
+        files = scan_files(input_folder, config.chunk, reporter.advance, ws.cache)
+        if recalled is not None:
+            recalled.result()
     remember(ws.cache, files)
     reporter.stage_finished("scan", time.perf_counter() - started, skipped=False)
     files = keep_last_content(files, indexed_state(ws))
@@ -238,8 +244,6 @@ def run_pipeline(
         log.info("removed unused generations %s", ", ".join(removed))
 
     manifest = Manifest.load(ws)
-    if manifest.embedding.get("vectors") == embedder.vector_id:
-        _recall_vectors(ws, embedder)
     manifest.embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest.input = str(Path(input_folder).resolve())
     if stop_after is None:  # a --rebuild killed before its end is finished by the next run, flag or not

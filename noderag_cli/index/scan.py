@@ -185,8 +185,8 @@ def check_input_folder(folder: Path) -> None:
 
 
 def _walk(top: str, onerror: Callable[[OSError], None]):
-    """os.walk(top, followlinks=True) without recursion: (folder, its real path, sub-folders, files)
-    top-down, each folder's sub-folders in the order the caller leaves them in the list it was given
+    """os.walk(top, followlinks=True) without recursion: (folder, its real path, sub-folders, files,
+    the names among them that are symlinks) top-down, each folder's sub-folders in the order the caller leaves them in the list it was given
     (it may prune it). Python's own walk recurses once per level, and a folder nested a thousand
     deep ended it; a real path is resolved only where a link makes it differ."""
     pending = [(top, os.path.realpath(top))]
@@ -201,12 +201,12 @@ def _walk(top: str, onerror: Callable[[OSError], None]):
         dirs, files, links = [], [], set()
         for entry in listed:
             try:
-                (dirs if entry.is_dir() else files).append(entry.name)
                 if entry.is_symlink():
                     links.add(entry.name)
+                (dirs if entry.is_dir() else files).append(entry.name)
             except OSError:
                 files.append(entry.name)
-        yield root, real, dirs, files
+        yield root, real, dirs, files, links
         pending.extend((os.path.join(root, d), os.path.realpath(os.path.join(root, d)) if d in links
                         else os.path.join(real, d)) for d in reversed(dirs))
 
@@ -254,7 +254,8 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
         found.append(ScannedFile(relative + "/", str(where), None, "", 0, f"{FOLDER_UNREADABLE}{err.strerror or err}"))
 
     # plain strings, not Path objects: building two Paths per file was half of a scan's time
-    for root, real, dirs, files in _walk(str(folder), unreadable_folder):
+    patterns = bool(settings.include or settings.exclude)
+    for root, real, dirs, files, links in _walk(str(folder), unreadable_folder):
         inside = Path(root).relative_to(folder).as_posix()
         if real in seen_dirs or outside(real):
             if real not in seen_dirs:
@@ -265,7 +266,7 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         prefix = "" if inside == "." else inside + "/"
         for name in sorted(files):
-            suffix = os.path.splitext(name)[1].lower()
+            suffix = name[name.rfind("."):].lower() if name.rfind(".") > 0 else ""  # os.path.splitext's, for a name
             if name.startswith(".") or (suffix not in suffixes and suffix not in UNSUPPORTED):
                 continue
             absolute = os.path.join(root, name)
@@ -276,16 +277,16 @@ def scan(folder: Path, settings: ChunkConfig, progress: Callable[[int], None] | 
                 shown = relative.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 found.append(ScannedFile(shown, absolute, None, "", 0, "file name is not valid UTF-8"))
                 continue
-            if not selected(relative, settings.include, settings.exclude):
+            if patterns and not selected(relative, settings.include, settings.exclude):
                 found.left_out += 1
                 continue
             if suffix not in suffixes:
                 found.append(ScannedFile(relative, absolute, None, "", 0, UNSUPPORTED[suffix], suffix.lstrip(".")))
                 continue
-            if os.path.islink(absolute) and outside(target := os.path.realpath(absolute)):
+            if name in links and outside(target := os.path.realpath(absolute)):
                 found.append(leads_out(relative, absolute, target))
                 continue
-            reader = readers.reader_for(relative)
+            reader = readers.READERS.get(suffix)  # `readers.reader_for`, on the suffix at hand
             kind = reader.name if reader is not None else "text"
             hashed = reader is not None and reader.read is not None
             limit = settings.max_document_mb * 1_000_000 if hashed else settings.max_file_bytes
