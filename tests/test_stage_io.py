@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLE_CORPUS
+from conftest import SAMPLE_CORPUS, assert_same_tables
 
 from noderag_cli import api
 from noderag_cli.graph import merge_edges
@@ -19,6 +20,7 @@ from noderag_cli.index.outputs import (
     DECOMPOSE_EDGES,
     DECOMPOSE_NODES,
     EDGE_OUTPUTS,
+    LINKS,
     NODE_OUTPUTS,
 )
 from noderag_cli.index.pipeline import decide, fingerprint
@@ -169,3 +171,48 @@ def test_a_merged_edge_tables_adjacency_is_placed_as_the_general_sort_orders_it(
         assert merged.num_rows and all(np.array_equal(a, b) for a, b in zip(placed, sorted_, strict=True))
         assert placed[0][-1] == 2 * merged.num_rows  # each edge seen from both ends
     assert len(ids) > 2**16  # the last graph's targets need both halves
+
+
+def test_a_stage_reads_back_its_last_tables_read_ahead_and_still_checked(tmp_path, monkeypatch):
+    """While the chunk stage runs, the decompose stage's last rows and graph are read and hashed on
+    a thread; the stage takes them from there. A damaged one is still refused with a warning naming
+    the file: that update decomposes every chunk again and builds the tables of an update of an
+    undamaged copy. A stage that reads back a table it did not declare stops the run."""
+    from noderag_cli.index import stages
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    api.index(tmp_path / "ws", corpus)
+    shutil.copytree(tmp_path / "ws", tmp_path / "damaged")
+    (corpus / "added.md").write_text("# Added\n\nThe Penrake ferry was rebuilt in 1911 at Harlow.\n")
+    occurrences = tmp_path / "damaged" / "stages" / "decompose.occurrences.parquet"
+    rows = pq.read_table(occurrences)
+    pq.write_table(rows.slice(0, rows.num_rows - 1), occurrences)  # a table still, not the one recorded
+
+    read_ahead: list[str] = []
+    read_back = stages._read_back
+    monkeypatch.setattr(stages, "_read_back", lambda path: (read_ahead.append(path.name), read_back(path))[1])
+
+    class Warnings(stages.Reporter):
+        said: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.said.append(message)
+
+    update = api.index(tmp_path / "ws", corpus)
+    assert {"decompose.occurrences.parquet", "decompose.links.parquet", "decompose.nodes.parquet",
+            "decompose.edges.parquet"} <= set(read_ahead)
+    assert update.stages["decompose"]["decomposed"] == 1
+    damaged = api.index(tmp_path / "damaged", corpus, reporter=Warnings())
+    assert [w for w in Warnings.said if "does not match the checksum" in w] == [
+        f"workspace file {occurrences} does not match the checksum recorded when it was written: rebuilt, with the "
+        "work it holds taken from the cache"]
+    assert damaged.stages["decompose"]["decomposed"] == update.stages["decompose"]["cached"] + 1 > 2
+    assert_same_tables(tmp_path / "ws", tmp_path / "damaged")
+
+    decompose = BY_NAME["decompose"]
+    without = dataclasses.replace(decompose, reads_back=(LINKS.file, NODES, EDGES))
+    monkeypatch.setattr(pipeline, "STAGES", tuple(without if s is decompose else s for s in STAGES))
+    (corpus / "added.md").write_text("# Added\n\nThe Penrake ferry was rebuilt in 1912 at Harlow.\n")
+    with pytest.raises(UndeclaredInput, match="stage decompose reads back its last occurrences"):
+        api.index(tmp_path / "ws", corpus)

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .. import nlp
 from ..cache import DECOMPOSE, Cache
@@ -97,7 +95,7 @@ def decompose_chunks(
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
-    it has not decomposed yet. `previous` holds the rows of the last run (`read_rows`).
+    it has not decomposed yet. `previous` holds the rows of the last run (`stored_rows`).
 
     Rows are made on the `executor`'s workers, batch by batch, and so is the decomposition itself
     when the engine's is a pure function of the chunk (`pure_decompose`, the offline engine's); an
@@ -388,12 +386,8 @@ def updated_graph(occurrences: pa.Table, links: pa.Table, last: tuple[pa.Table, 
     return nodes, edges
 
 
-def read_rows(occurrences_path: Path, links_path: Path) -> tuple[pa.Table, pa.Table] | None:
-    """The rows an earlier run stored, if both files are readable and of this ROWS_VERSION."""
-    try:
-        occurrences, links = pq.read_table(occurrences_path), pq.read_table(links_path)
-    except (OSError, pa.ArrowInvalid):
-        return None
+def stored_rows(occurrences: pa.Table, links: pa.Table) -> tuple[pa.Table, pa.Table] | None:
+    """The rows an earlier run stored (its tables as read back), if they are of this ROWS_VERSION."""
     for table, schema in ((occurrences, OCCURRENCE_SCHEMA), (links, LINK_SCHEMA)):
         if (table.schema.metadata or {}).get(b"noderag-rows") != str(ROWS_VERSION).encode() or \
                 not table.schema.remove_metadata().equals(schema):

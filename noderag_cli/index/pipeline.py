@@ -44,7 +44,7 @@ from . import assemble
 from .outputs import Output
 from .scan import keep_last_content, remember
 from .scan import scan as scan_files
-from .stages import KILL_ENV, STAGES, Reporter, Stage, StageRun, keep_tables_for, kill_point
+from .stages import KILL_ENV, STAGES, ReadAhead, Reporter, Stage, StageRun, keep_tables_for, kill_point
 from .state import DONE, RUNNING, Manifest, StageEntry, compare_documents, indexed_state
 
 STAGE_VERSION = 5  # 5: vectors on the half-precision grid they are stored in; a workspace of 4 re-derives its tables
@@ -289,7 +289,21 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
                 scan: str, result: IndexResult, log, rebuild: bool, anchor_from: Workspace | None,
                 tables: dict | None = None) -> None:
     """Each stage in order: skipped when `decide` finds it unchanged, else run, then committed.
-    `tables`: the tables the stages have read, kept while a later stage reads them (`StageRun.read`)."""
+    `tables`: the tables the stages have read, kept while a later stage reads them (`StageRun.read`);
+    then each stage's own last outputs are also read ahead while the stage before it runs."""
+    ahead = ReadAhead() if tables is not None else None
+    try:
+        _run_each_stage(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor, scan,
+                        result, log, rebuild, anchor_from, tables, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, embedder: Embedder,
+                    reporter: Reporter, stop_after: str | None, manifest: Manifest, digests: dict,
+                    executor: Executor, scan: str, result: IndexResult, log, rebuild: bool,
+                    anchor_from: Workspace | None, tables: dict | None, ahead: ReadAhead | None) -> None:
     for number, stage in enumerate(STAGES):
         keep_tables_for(tables, STAGES[number:])
         settings = settings_digest(config, engine.identity, stage)
@@ -314,6 +328,8 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         manifest.save(ws)
         log.info("stage %s started (%s)", stage.name, decision.reason)
         kill_point(stage.name, "start")
+        if ahead is not None and number + 1 < len(STAGES):
+            _read_ahead(ws, ahead, STAGES[number + 1], manifest.entry(STAGES[number + 1].name))
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
         release_memory()
@@ -321,7 +337,7 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         t0 = time.perf_counter()
         ws.cache.start_recording()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, committed, rebuild, anchor_from, tables))
+                                  executor, committed, rebuild, anchor_from, tables, ahead))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         seconds = time.perf_counter() - t0
@@ -345,6 +361,12 @@ def _run_stages(ws: Workspace, files: list, config: Config, engine: Engine, embe
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
         if stage.name == stop_after:
             break
+
+
+def _read_ahead(ws: Workspace, ahead: ReadAhead, stage: Stage, entry: StageEntry | None) -> None:
+    """Start reading the last outputs `stage` reads back that its last committed run recorded."""
+    recorded = entry.committed_files if entry is not None else {}
+    ahead.start([stage.output(name).path(ws) for name in stage.reads_back if name in recorded])
 
 
 def _reset_peak_memory() -> None:
