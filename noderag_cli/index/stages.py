@@ -264,7 +264,7 @@ def _read_back(path: Path) -> tuple[tuple | None, str | None, pa.Table | None]:
     except OSError:
         return None, None, None
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.read_table(pa.BufferReader(data), use_threads=False)  # the core the running stage leaves
     except (OSError, pa.ArrowException):
         table = None
     return stamp, bytes_digest(data), table
