@@ -340,6 +340,8 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
                                   executor, committed, rebuild, anchor_from, tables, ahead))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
+        if ahead is not None:
+            ahead.drop([stage.output(name).path(ws) for name in stage.reads_back])
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
         checksums = file_digests([output.path(ws) for output in stage.outputs])

@@ -250,6 +250,13 @@ class ReadAhead:
         stamp, digest, table = read.result()
         return (digest, table) if stamp is not None and stamp == _file_stamp(path) else (None, None)
 
+    def drop(self, paths: list[Path]) -> None:
+        """Let go of what was read ahead for these paths and not taken (a stage that did not need it)."""
+        for path in paths:
+            read = self._reads.pop(path, None)
+            if read is not None:
+                read.cancel()
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._reads.clear()
