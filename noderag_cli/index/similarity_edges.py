@@ -314,9 +314,9 @@ EVENT_BLOCK = 2048  # (event, kept candidate ahead of it) pairs scored at a time
 
 def _kept_events(grid: np.ndarray, rows: np.ndarray, cols: np.ndarray, flags: np.ndarray, at: np.ndarray,
                  j: np.ndarray) -> np.ndarray:
-    """Whether the heuristic keeps each event: the candidate `cols[at, j]` of row `rows[i]` (i
-    its event), given the kept candidates ahead of it (`flags[at, :j]`): kept unless one of them is
-    more similar to it than the row's node is. The same whole-number products as `prune`'s."""
+    """Whether the heuristic keeps each event i: the candidate `cols[at[i], j[i]]` of the node
+    `rows[i]`, given the kept candidates ahead of it (`flags[at[i], :j[i]]`): kept unless one of them
+    is more similar to it than the node is. The same whole-number products as `prune`'s."""
     candidate = cols[at, j]
     blocked = np.zeros(len(at), bool)
     ahead_event, ahead = np.nonzero(flags[at] & (np.arange(cols.shape[1]) < j[:, None]))
