@@ -192,6 +192,9 @@ def test_a_stage_reads_back_its_last_tables_read_ahead_and_still_checked(tmp_pat
     read_ahead: list[str] = []
     read_back = stages._read_back
     monkeypatch.setattr(stages, "_read_back", lambda path: (read_ahead.append(path.name), read_back(path))[1])
+    hashed_by_the_stage: list[str] = []
+    file_digest = stages.file_digest
+    monkeypatch.setattr(stages, "file_digest", lambda path: (hashed_by_the_stage.append(path.name), file_digest(path))[1])
 
     class Warnings(stages.Reporter):
         said: list[str] = []
@@ -202,6 +205,7 @@ def test_a_stage_reads_back_its_last_tables_read_ahead_and_still_checked(tmp_pat
     update = api.index(tmp_path / "ws", corpus)
     assert {"decompose.occurrences.parquet", "decompose.links.parquet", "decompose.nodes.parquet",
             "decompose.edges.parquet"} <= set(read_ahead)
+    assert not [name for name in hashed_by_the_stage if name.startswith("decompose.")]  # taken, not read again
     assert update.stages["decompose"]["decomposed"] == 1
     damaged = api.index(tmp_path / "damaged", corpus, reporter=Warnings())
     assert [w for w in Warnings.said if "does not match the checksum" in w] == [
