@@ -190,11 +190,14 @@ def test_a_stage_reads_back_its_last_tables_read_ahead_and_still_checked(tmp_pat
     pq.write_table(rows.slice(0, rows.num_rows - 1), occurrences)  # a table still, not the one recorded
 
     read_ahead: list[str] = []
+    hashed_by_the_stage: list[str] = []  # read by the stage itself, not ahead
     read_back = stages._read_back
-    monkeypatch.setattr(stages, "_read_back", lambda path: (read_ahead.append(path.name), read_back(path))[1])
-    hashed_by_the_stage: list[str] = []
-    file_digest = stages.file_digest
-    monkeypatch.setattr(stages, "file_digest", lambda path: (hashed_by_the_stage.append(path.name), file_digest(path))[1])
+
+    def counted(path, use_threads=False):
+        (hashed_by_the_stage if use_threads else read_ahead).append(path.name)
+        return read_back(path, use_threads)
+
+    monkeypatch.setattr(stages, "_read_back", counted)
 
     class Warnings(stages.Reporter):
         said: list[str] = []

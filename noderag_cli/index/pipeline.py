@@ -214,11 +214,12 @@ def run_pipeline(
     reporter = reporter or Reporter()
     log = ws.logger()
     started = time.perf_counter()
-    check_embedding(ws.root, Manifest.load(ws).embedding.get("model"), embedder.model_id)
+    manifest = Manifest.load(ws)
+    check_embedding(ws.root, manifest.embedding.get("model"), embedder.model_id)
     reporter.stage_started("scan", None)  # not a stage: reading and hashing the files, shown as it goes
     with ThreadPoolExecutor(1) as pool:  # the last build's vectors are mapped and checked beside the scan
         recalled = pool.submit(_recall_vectors, ws, embedder) \
-            if Manifest.load(ws).embedding.get("vectors") == embedder.vector_id else None
+            if manifest.embedding.get("vectors") == embedder.vector_id else None
         files = scan_files(input_folder, config.chunk, reporter.advance, ws.cache)
         if recalled is not None:
             recalled.result()
@@ -243,7 +244,6 @@ def run_pipeline(
     if removed:
         log.info("removed unused generations %s", ", ".join(removed))
 
-    manifest = Manifest.load(ws)
     manifest.embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     manifest.input = str(Path(input_folder).resolve())
     if stop_after is None:  # a --rebuild killed before its end is finished by the next run, flag or not
@@ -328,8 +328,9 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
         manifest.save(ws)
         log.info("stage %s started (%s)", stage.name, decision.reason)
         kill_point(stage.name, "start")
-        if ahead is not None and number + 1 < len(STAGES):
-            _read_ahead(ws, ahead, STAGES[number + 1], manifest.entry(STAGES[number + 1].name))
+        if ahead is not None and number + 1 < len(STAGES):  # what the next stage reads back of its last run
+            following = manifest.entry(STAGES[number + 1].name)
+            ahead.start(STAGES[number + 1].read_back_paths(ws, following.committed_files if following else {}))
         before = _snapshot(engine.stats)
         vectors_before = embedder.computed
         release_memory()
@@ -341,7 +342,7 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         if ahead is not None:
-            ahead.drop([stage.output(name).path(ws) for name in stage.reads_back])
+            ahead.drop(stage.read_back_paths(ws))
         seconds = time.perf_counter() - t0
         info["peak_rss_mb"] = _peak_memory_mb()
         checksums = file_digests([output.path(ws) for output in stage.outputs])
@@ -363,12 +364,6 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
         log.info("stage %s done in %.2fs %s", stage.name, seconds, info)
         if stage.name == stop_after:
             break
-
-
-def _read_ahead(ws: Workspace, ahead: ReadAhead, stage: Stage, entry: StageEntry | None) -> None:
-    """Start reading the last outputs `stage` reads back that its last committed run recorded."""
-    recorded = entry.committed_files if entry is not None else {}
-    ahead.start([stage.output(name).path(ws) for name in stage.reads_back if name in recorded])
 
 
 def _reset_peak_memory() -> None:

@@ -34,7 +34,7 @@ from ..config import Config
 from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..executor import Executor, release_memory
-from ..files import atomic_write_with, bytes_digest, file_digest, write_parquet, write_parquets
+from ..files import atomic_write_with, bytes_digest, write_parquet, write_parquets
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, union_of_merged
 from ..search import prepare
@@ -158,21 +158,17 @@ class StageRun:
         expected = self.recorded.get(name)
         if expected is None or not path.is_file():
             return None
-        digest, table = self.ahead.take(path) if self.ahead is not None else (None, None)
+        read = self.ahead.take(path) if self.ahead is not None else None
+        _, digest, table = read or _read_back(path, use_threads=True)  # the file read once: hashed and parsed
         if digest is None:
-            digest = file_digest(path)
+            return None
         if digest != expected:
             message = (f"workspace file {path} does not match the checksum recorded when it was written: rebuilt, "
                        "with the work it holds taken from the cache")
             self.reporter.warn(message)
             self.ws.logger().warning(message)
             return None
-        if table is not None:
-            return table
-        try:
-            return pq.read_table(path)
-        except (OSError, pa.ArrowException):
-            return None
+        return table
 
     def write(self, name: str, table: pa.Table) -> None:
         write_parquet(self.path(name), table)
@@ -242,13 +238,13 @@ class ReadAhead:
             if path not in self._reads:
                 self._reads[path] = self._pool.submit(_read_back, path)
 
-    def take(self, path: Path) -> tuple[str | None, pa.Table | None]:
-        """(checksum, table) of `path` as read ahead, if it is still the file read; else (None, None)."""
+    def take(self, path: Path) -> tuple | None:
+        """`_read_back(path)` as read ahead, if it is still the file read; else None."""
         read = self._reads.pop(path, None)
         if read is None:
-            return None, None
-        stamp, digest, table = read.result()
-        return (digest, table) if stamp is not None and stamp == _file_stamp(path) else (None, None)
+            return None
+        result = read.result()
+        return result if result[0] is not None and result[0] == _file_stamp(path) else None
 
     def drop(self, paths: list[Path]) -> None:
         """Let go of what was read ahead for these paths and not taken (a stage that did not need it)."""
@@ -262,16 +258,17 @@ class ReadAhead:
         self._reads.clear()
 
 
-def _read_back(path: Path) -> tuple[tuple | None, str | None, pa.Table | None]:
-    """(file stamp, checksum, table) of a stage file, read once; a file that cannot be read or
-    parsed gives no table (`StageRun.last` then reads it itself, and says so)."""
+def _read_back(path: Path, use_threads: bool = False) -> tuple[tuple | None, str | None, pa.Table | None]:
+    """(file stamp, checksum, table) of a stage file, read once; (None, None, None) when it cannot
+    be read, no table when it does not parse. On one thread by default: a read ahead takes the
+    core the running stage leaves."""
     stamp = _file_stamp(path)
     try:
         data = path.read_bytes()
     except OSError:
         return None, None, None
     try:
-        table = pq.read_table(pa.BufferReader(data), use_threads=False)  # the core the running stage leaves
+        table = pq.read_table(pa.BufferReader(data), use_threads=use_threads)
     except (OSError, pa.ArrowException):
         table = None
     return stamp, bytes_digest(data), table
@@ -316,6 +313,10 @@ class Stage:
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(o.file for o in self.outputs)
+
+    def read_back_paths(self, ws: Workspace, recorded: dict | None = None) -> list[Path]:
+        """The files of `reads_back`; with `recorded`, those among them it holds checksums of."""
+        return [self.output(name).path(ws) for name in self.reads_back if recorded is None or name in recorded]
 
 
 def _failures_table(stage: str, failures: dict[str, str], final: bool) -> pa.Table:
