@@ -80,7 +80,7 @@ def exact_scores(grid: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> 
     """Exact cosines of each of `rows` with its `candidates` (-1: -inf), the bits `scores_against`
     gives: the products of whole numbers, summed in any order, are whole numbers below 2^24."""
     out = np.full(candidates.shape, -np.inf, np.float32)
-    step = PRUNE_BLOCK * max(1, 64 // max(candidates.shape[1], 1))  # gathered in small blocks, which stay in cache
+    step = PRUNE_BLOCK * max(1, 16 // max(candidates.shape[1], 1))  # gathered in small blocks, which stay in cache
 
     def block(start: int) -> None:  # the gathers are the cost (a row's candidates lie anywhere): one per core
         cols = candidates[start : start + step]
@@ -309,32 +309,17 @@ class _Lists:
         return Neighbours(self.candidates, kept, searched=searched, pruned=len(redo), centroids=centroids)
 
 
-EVENT_BLOCK = 2048  # (event, kept candidate ahead of it) pairs scored at a time: gathers that stay in cache
-
-
 def _kept_events(grid: np.ndarray, rows: np.ndarray, cols: np.ndarray, flags: np.ndarray, at: np.ndarray,
                  j: np.ndarray) -> np.ndarray:
     """Whether the heuristic keeps each event i: the candidate `cols[at[i], j[i]]` of the node
     `rows[i]`, given the kept candidates ahead of it (`flags[at[i], :j[i]]`): kept unless one of them
-    is more similar to it than the node is. The same whole-number products as `prune`'s."""
+    is more similar to it than the node is. The same exact scores as `prune`'s."""
     candidate = cols[at, j]
+    own = exact_scores(grid, rows, candidate[:, None])[:, 0]
+    event, ahead = np.nonzero(flags[at] & (np.arange(cols.shape[1]) < j[:, None]))
+    closer = exact_scores(grid, candidate[event], cols[at[event], ahead][:, None])[:, 0] > own[event]
     blocked = np.zeros(len(at), bool)
-    ahead_event, ahead = np.nonzero(flags[at] & (np.arange(cols.shape[1]) < j[:, None]))
-    own = np.empty(len(at), np.float32)
-
-    def score_own(start: int) -> None:
-        part = slice(start, start + EVENT_BLOCK)
-        own[part] = np.einsum("ij,ij->i", widened(grid[rows[part]]), widened(grid[candidate[part]]))
-
-    def score_ahead(start: int) -> np.ndarray:
-        e = ahead_event[start : start + EVENT_BLOCK]
-        other = cols[at[e], ahead[start : start + EVENT_BLOCK]]
-        return np.einsum("ij,ij->i", widened(grid[candidate[e]]), widened(grid[other])) > own[e]
-
-    in_parallel(score_own, list(range(0, len(at), EVENT_BLOCK)))
-    closer = in_parallel(score_ahead, list(range(0, len(ahead_event), EVENT_BLOCK)))
-    if closer:
-        blocked[ahead_event[np.concatenate(closer)]] = True
+    blocked[event[closer]] = True
     return ~blocked
 
 
@@ -645,34 +630,21 @@ def _merge_new(grid: np.ndarray, found: list[tuple[np.ndarray, np.ndarray, np.nd
     return targets
 
 
-MERGE_BLOCK = 4096  # new entries placed at a time
-
-
 def _entries_ahead(grid: np.ndarray, rows: np.ndarray, candidates, cols: np.ndarray,
                    values: np.ndarray) -> np.ndarray:
     """For each new entry (column `cols[i]`, exact score `values[i]` for row `rows[i]`), how many
-    entries of the row's sorted list (`candidates[rows[i]]`) go before it: those with a higher score, or the
-    same and a smaller column (-1 padding: none). A binary search, each step scoring one entry
-    per new one (the same bits as `exact_scores`), not the whole list."""
-    out = np.empty(len(rows), np.int64)
-    width = candidates.shape[1]
-
-    def block(start: int) -> None:
-        part = slice(start, start + MERGE_BLOCK)
-        row, col, value = rows[part], cols[part], values[part]
-        mine = widened(grid[row])
-        lo, hi = np.zeros(len(mine), np.int64), np.full(len(mine), width, np.int64)
-        while (open_ := np.flatnonzero(lo < hi)).size:
-            mid = (lo[open_] + hi[open_]) // 2
-            entry = candidates[row[open_], mid]
-            score = np.einsum("ij,ij->i", mine[open_], widened(grid[np.maximum(entry, 0)])) * np.float32(1 / QUANT**2)
-            ahead = (entry >= 0) & ((score > value[open_]) | ((score == value[open_]) & (entry < col[open_])))
-            lo[open_] = np.where(ahead, mid + 1, lo[open_])
-            hi[open_] = np.where(ahead, hi[open_], mid)
-        out[part] = lo
-
-    in_parallel(block, list(range(0, len(rows), MERGE_BLOCK)))
-    return out
+    entries of the row's sorted list (`candidates[rows[i]]`) go before it: those with a higher
+    score, or the same and a smaller column (-1 padding: none). A binary search, each step scoring
+    one entry per new one (`exact_scores`), not the whole list."""
+    lo, hi = np.zeros(len(rows), np.int64), np.full(len(rows), candidates.shape[1], np.int64)
+    while (open_ := np.flatnonzero(lo < hi)).size:
+        mid = (lo[open_] + hi[open_]) // 2
+        entry = candidates[rows[open_], mid]
+        score = exact_scores(grid, rows[open_], entry[:, None])[:, 0]  # -inf for padding
+        ahead = (score > values[open_]) | ((score == values[open_]) & (entry >= 0) & (entry < cols[open_]))
+        lo[open_] = np.where(ahead, mid + 1, lo[open_])
+        hi[open_] = np.where(ahead, hi[open_], mid)
+    return lo
 
 
 def pairs(neighbours: Neighbours) -> np.ndarray:
