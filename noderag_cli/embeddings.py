@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,14 +78,23 @@ class TokenTable:
 
 
 _MODELS: dict[tuple[str, int], TokenTable] = {}  # loaded bundled models, per process
+_LOADING = threading.Lock()
 
 
 def load_model(config: EmbeddingConfig) -> TokenTable:
     """The bundled token-embedding table (float32) and its tokenizer, read straight from the
     wordllama wheel's files (importing wordllama and letting it load a second copy of the
-    tokenizer would add its loading time to every run's start-up); loaded once per process."""
-    if (config.model, config.dim) in _MODELS:
-        return _MODELS[(config.model, config.dim)]
+    tokenizer would add its loading time to every run's start-up); loaded once per process, by
+    whichever thread asks first (`Embedder` starts loading it ahead)."""
+    key = (config.model, config.dim)
+    if key not in _MODELS:
+        with _LOADING:
+            if key not in _MODELS:
+                _MODELS[key] = _read_model(config)
+    return _MODELS[key]
+
+
+def _read_model(config: EmbeddingConfig) -> TokenTable:
     from safetensors import safe_open
 
     package = nlp.wordllama_folder()
@@ -106,8 +116,19 @@ def load_model(config: EmbeddingConfig) -> TokenTable:
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-    _MODELS[(config.model, config.dim)] = TokenTable(table, tokenizer)
-    return _MODELS[(config.model, config.dim)]
+    return TokenTable(table, tokenizer)
+
+
+def _load_ahead(config: EmbeddingConfig) -> None:
+    """load_model on a thread (reading and widening the table release the GIL); a model that
+    cannot be loaded says so when it is used, not here."""
+    def load() -> None:
+        try:
+            load_model(config)
+        except Exception:  # noqa: BLE001 - reported by the first real use
+            pass
+
+    threading.Thread(target=load, name="load-embedding-model", daemon=True).start()
 
 
 def normalised(vectors: np.ndarray) -> np.ndarray:
@@ -290,6 +311,8 @@ class Embedder:
         self._transport = None  # to a model behind litellm, made on its first request
         self.cap = cap
         self.computed = 0  # vectors embed() computed (not found in memory or cache)
+        if config.backend == "wordllama":
+            _load_ahead(config)
 
     @property
     def dim(self) -> int:

@@ -8,11 +8,11 @@ bounds, context budgets, benchmarks), so that methods are compared on one scale.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import importlib.util
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,15 +32,29 @@ def wordllama_folder() -> Path:
 TOKENIZER_FILE = "l2_supercat_tokenizer_config.json"  # in wordllama's tokenizers/ folder
 
 
-@functools.lru_cache(maxsize=1)
+_LOADING = threading.RLock()  # the tokenizer is loaded once, by whichever thread asks first
+_LOADED: list = []
+
+
 def _tokenizer():
     """The one tokenizer (no padding, no truncation); the bundled embedding model uses it too."""
-    from tokenizers import Tokenizer
+    if not _LOADED:
+        with _LOADING:
+            if not _LOADED:
+                from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(wordllama_folder() / "tokenizers" / TOKENIZER_FILE))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
+                tokenizer = Tokenizer.from_file(str(wordllama_folder() / "tokenizers" / TOKENIZER_FILE))
+                tokenizer.no_padding()
+                tokenizer.no_truncation()
+                _LOADED.append(tokenizer)
+    return _LOADED[0]
+
+
+def load_ahead() -> None:
+    """Load the tokenizer on a thread while this one goes on (a command's imports): it reads and
+    parses its file without holding the GIL, so the ~0.1 s it takes is hidden from every command
+    that counts tokens. Whoever needs it first waits for this load instead of starting another."""
+    threading.Thread(target=token_ids._check, name="load-tokenizer", daemon=True).start()
 
 
 class _WordTokens:
@@ -64,19 +78,23 @@ class _WordTokens:
     def _check(self) -> bool:
         """Whether the tokenizer is configured as the class docstring says."""
         if self._exact is None:
-            import json
+            with _LOADING:
+                if self._exact is None:
+                    import json
 
-            from tokenizers.models import BPE
+                    from tokenizers.models import BPE
 
-            tokenizer = _tokenizer()  # its parts read one by one: serialising it whole slows every start-up
-            normalizer = json.loads(tokenizer.normalizer.__getstate__()) if tokenizer.normalizer else {}
-            normalizers = normalizer.get("normalizers", [])
-            self._exact = (tokenizer.pre_tokenizer is None and isinstance(tokenizer.model, BPE)
-                           and [n.get("type") for n in normalizers] == ["Prepend", "Replace"]
-                           and normalizers[0].get("prepend") == "\u2581"
-                           and normalizers[1].get("pattern") == {"String": " "} and normalizers[1].get("content") == "\u2581"
-                           and re.search("[^\u2581\n]\u2581", "\n".join(tokenizer.get_vocab())) is None)
-            self._model = tokenizer.model
+                    tokenizer = _tokenizer()  # its parts read one by one: serialising it whole slows every start-up
+                    normalizer = json.loads(tokenizer.normalizer.__getstate__()) if tokenizer.normalizer else {}
+                    normalizers = normalizer.get("normalizers", [])
+                    self._model = tokenizer.model
+                    self._exact = (
+                        tokenizer.pre_tokenizer is None and isinstance(tokenizer.model, BPE)
+                        and [n.get("type") for n in normalizers] == ["Prepend", "Replace"]
+                        and normalizers[0].get("prepend") == "\u2581"
+                        and normalizers[1].get("pattern") == {"String": " "}
+                        and normalizers[1].get("content") == "\u2581"
+                        and re.search("[^\u2581\n]\u2581", "\n".join(tokenizer.get_vocab())) is None)
         return self._exact
 
     def __call__(self, texts: Sequence[str]) -> list[list[int]]:

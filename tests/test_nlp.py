@@ -43,3 +43,35 @@ def test_counting_known_takes_given_counts_and_counts_the_rest_once():
     count = nlp.counting_known(["kept summary text"], [999])
     fresh = "A new summary, counted now."
     assert count(["kept summary text", fresh, fresh]) == [999, *nlp.count_tokens([fresh] * 2)]
+
+
+def test_the_tokenizer_and_embedding_model_loaded_ahead_are_loaded_once_and_used():
+    """`load_ahead` and an Embedder load on threads while the caller goes on; a caller that asks at
+    once waits for that load (one tokenizer, one table) and gets the same ids and vectors as a
+    process that loads them itself. In a child process: this one has them loaded already."""
+    import subprocess
+    import sys
+
+    script = """
+import threading
+from noderag_cli import embeddings, nlp
+from noderag_cli.config import EmbeddingConfig
+nlp.load_ahead()
+embedder = embeddings.Embedder(EmbeddingConfig(), None)
+seen = []
+threads = [threading.Thread(target=lambda: seen.append((nlp._tokenizer(), embeddings.load_model(embedder.config))))
+           for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert len({id(t) for t, _ in seen}) == 1 and len({id(m) for _, m in seen}) == 1
+assert len(nlp._LOADED) == 1 and len(embeddings._MODELS) == 1
+print(nlp.count_tokens(["Harlow Ferry lies on the river."])[0], embeddings.mean_pool(seen[0][1], ["Harlow Ferry"]).tobytes().hex())
+"""
+    ahead = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run([sys.executable, "-c", """
+from noderag_cli import embeddings, nlp
+from noderag_cli.config import EmbeddingConfig
+model = embeddings.load_model(EmbeddingConfig())
+print(nlp.count_tokens(["Harlow Ferry lies on the river."])[0], embeddings.mean_pool(model, ["Harlow Ferry"]).tobytes().hex())
+"""], capture_output=True, text=True, check=True).stdout
+    assert ahead == plain and int(ahead.split()[0]) > 5

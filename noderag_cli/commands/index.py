@@ -58,6 +58,9 @@ def index(
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Index every document under FOLDER into WORKSPACE; resumes, and updates in proportion to what changed."""
+    from .. import nlp
+
+    nlp.load_ahead()  # beside the imports below
     from .. import api
 
     json_mode(as_json)

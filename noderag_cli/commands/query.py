@@ -78,6 +78,9 @@ def query(
                                        "used: entry points, the walk's paths, the context")] = None,
 ) -> None:
     """Answer QUESTION from WORKSPACE with NodeRAG's dual search and shallow PPR."""
+    from .. import nlp
+
+    nlp.load_ahead()  # beside the imports below
     from .. import api
     from ..files import check_output
     from ..questions import read_question_lines
