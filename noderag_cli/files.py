@@ -106,6 +106,32 @@ def write_parquet(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(path, parquet_bytes(table))
 
 
+def as_read_back(table: pa.Table) -> pa.Table | None:
+    """`table` as `pq.read_table` gives it back from `write_parquet`'s file: one row group, so one
+    chunk per column. None where the file would read back otherwise (more than one row group, or
+    a column too large for one chunk): the reader then decodes the file."""
+    if table.num_rows > ROW_GROUP:
+        return None
+    try:
+        table = table.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):
+        return None
+    nested = [pa.types.is_nested(field.type) for field in table.schema]
+    if not any(nested):
+        return table
+    return table.cast(pa.schema([field.with_type(_as_read_back(field.type)) for field in table.schema],
+                                metadata=table.schema.metadata))
+
+
+def _as_read_back(kind: pa.DataType) -> pa.DataType:
+    """A type as parquet gives it back: a list's items are named "element" (the format's name)."""
+    if pa.types.is_list(kind):
+        return pa.list_(pa.field("element", _as_read_back(kind.value_type), kind.value_field.nullable))
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_as_read_back(field.type)) for field in kind])
+    return kind
+
+
 def write_parquets(tables: dict[Path, pa.Table]) -> None:
     """Each table to its file (`write_parquet`), on a thread each up to the cores: a file is encoded
     on one thread, and Arrow lets go of the interpreter while it encodes, so a stage's several

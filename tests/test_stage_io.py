@@ -223,3 +223,49 @@ def test_a_stage_reads_back_its_last_tables_read_ahead_and_still_checked(tmp_pat
     (corpus / "added.md").write_text("# Added\n\nThe Penrake ferry was rebuilt in 1912 at Harlow.\n")
     with pytest.raises(UndeclaredInput, match="stage decompose reads back its last occurrences"):
         api.index(tmp_path / "ws", corpus)
+
+
+def test_a_table_kept_as_written_is_the_table_its_file_reads_back(tmp_path, monkeypatch):
+    """`files.as_read_back`: a table as `write_parquet`'s file gives it back, to the layout (one
+    chunk a column) and the types' inner names (a list's items are "element" in parquet), so a
+    stage given it instead of the file computes the same bytes. None past one row group."""
+    import pyarrow as pa
+
+    from noderag_cli import files
+
+    schema = pa.schema({"id": pa.string(), "chunk_ids": pa.list_(pa.string()), "n": pa.int32()})
+    table = pa.concat_tables([pa.table({"id": ["a", "b"], "chunk_ids": [["x"], ["y", "z"]], "n": [1, 2]}, schema),
+                              pa.table({"id": ["c"], "chunk_ids": [[]], "n": [3]}, schema)]).replace_schema_metadata({"k": "v"})
+    assert table["chunk_ids"].num_chunks == 2 and table.schema.field("chunk_ids").type.value_field.name == "item"
+    files.write_parquet(tmp_path / "t.parquet", table)
+    back, kept = pq.read_table(tmp_path / "t.parquet"), files.as_read_back(table)
+    assert str(kept.schema) == str(back.schema) and kept.schema.metadata == back.schema.metadata
+    assert kept.equals(back) and [c.num_chunks for c in kept.columns] == [c.num_chunks for c in back.columns]
+    assert files.parquet_bytes(kept) == files.parquet_bytes(back)
+    monkeypatch.setattr(files, "ROW_GROUP", 2)
+    assert files.as_read_back(table) is None
+
+
+def test_a_run_takes_the_tables_its_stages_wrote_without_decoding_them_and_builds_the_same(tmp_path, monkeypatch):
+    """In a run expected to fit its memory, a stage's outputs are handed to the stages after it as
+    written: no file a stage of the run wrote is decoded again by a later one, and the build equals
+    one whose memory budget keeps no table (every input decoded from its file)."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    decoded: list[str] = []
+    read_table = Workspace.read_table
+
+    def counted(self, path, columns=None):
+        decoded.append(path.name)
+        return read_table(self, path, columns)
+
+    monkeypatch.setattr(Workspace, "read_table", counted)
+    api.index(tmp_path / "kept", corpus)
+    written_then_decoded = [name for name in decoded if name.split(".")[0] in BY_NAME]
+    assert not written_then_decoded
+    tight = tmp_path / "tight.yaml"
+    tight.write_text("executor: {memory_mb: 0.001}\n")
+    decoded.clear()
+    api.index(tmp_path / "decoded", corpus, config_path=tight)
+    assert {"decompose.nodes.parquet", "decompose.edges.parquet", "similarity.edges.parquet"} <= set(decoded)
+    assert_same_tables(tmp_path / "kept", tmp_path / "decoded")

@@ -34,7 +34,7 @@ from ..config import Config
 from ..embeddings import Embedder
 from ..engines.base import Engine
 from ..executor import Executor, release_memory
-from ..files import atomic_write_with, bytes_digest, write_parquet, write_parquets
+from ..files import as_read_back, atomic_write_with, bytes_digest, write_parquets
 from ..generation import GENERATION_VERSION
 from ..graph import edge_rows, union_of_merged
 from ..search import prepare
@@ -126,17 +126,19 @@ class StageRun:
         return output.path(self.ws)
 
     def read(self, output: Output, columns: list[str] | None = None) -> pa.Table:
-        """An input's table; with the run's `tables`, the one read by an earlier stage of the run
-        while its file is the same: a stage table is read by up to five stages, and decoding it
-        again each time costs more than holding it between them."""
+        """An input's table; with the run's `tables`, the one read by an earlier stage of the run, or
+        written by it (`write_all`), while its file is the same: a stage table is read by up to five
+        stages, and decoding it again each time costs more than holding it between them."""
         path = self.input_path(output)
         if self.tables is None:
             return self.ws.read_table(path, columns)
         key = (output, tuple(columns) if columns is not None else None)
         stamp = _file_stamp(path)
-        held = self.tables.get(key)
+        held, whole = self.tables.get(key), self.tables.get((output, None))
         if held is not None and stamp is not None and held[0] == stamp:
             return held[1]
+        if whole is not None and stamp is not None and whole[0] == stamp:
+            return whole[1].select(columns)
         table = self.ws.read_table(path, columns)
         self.tables[key] = (stamp, table)
         return table
@@ -171,11 +173,20 @@ class StageRun:
         return table
 
     def write(self, name: str, table: pa.Table) -> None:
-        write_parquet(self.path(name), table)
+        self.write_all({name: table})
 
     def write_all(self, tables: dict[str, pa.Table]) -> None:
-        """Several of this stage's outputs, side by side (`files.write_parquets`)."""
+        """Several of this stage's outputs, side by side (`files.write_parquets`). In a run that
+        keeps its tables, each is kept as its file reads back (`as_read_back`) for the stages after
+        this one: the next stage would otherwise decode what this one just encoded."""
         write_parquets({self.path(name): table for name, table in tables.items()})
+        if self.tables is None:
+            return
+        for name, table in tables.items():
+            output = self.stage.output(name)
+            kept = as_read_back(table)
+            if kept is not None:
+                self.tables[(output, None)] = (_file_stamp(output.path(self.ws)), kept)
 
     def count_tokens(self) -> Callable[[list[str]], list[int]]:
         """`nlp.count_tokens`, with the counts of the texts of the stage's last nodes table taken
