@@ -18,6 +18,7 @@ A generation holds (see `workspace.py` for where it lives):
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -136,12 +137,10 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
             prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
                                config.search.clustered_from, chunks, centroids,
                                EarlierText.read(current, embedder.vector_id) if current is not None else None)
-        for name, array in prepared.arrays.items():
-            writer.array(name, array)
-        for name, table in prepared.tables.items():
-            writer.arrow(name, table)
-        for file, data in prepared.raw.items():
-            writer.raw(file, data)
+        # encoding, writing and hashing let go of the interpreter: the structures are written on every core
+        ivf.in_parallel(lambda write: write(), [*(functools.partial(writer.array, *item) for item in prepared.arrays.items()),
+                                                *(functools.partial(writer.arrow, *item) for item in prepared.tables.items()),
+                                                *(functools.partial(writer.raw, *item) for item in prepared.raw.items())])
         for job in written:
             job.result()
     built = counts(nodes, edges)

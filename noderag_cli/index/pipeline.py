@@ -337,8 +337,9 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
         _reset_peak_memory()
         t0 = time.perf_counter()
         ws.cache.start_recording()
+        hand_on = frozenset(STAGES[number + 1].inputs) if number + 1 < len(STAGES) else frozenset()
         info = stage.run(StageRun(stage, ws, files, config, engine, embedder, _CountingReporter(reporter, stage.name),
-                                  executor, committed, rebuild, anchor_from, tables, ahead))
+                                  executor, committed, rebuild, anchor_from, tables, ahead, hand_on))
         _write_cache_keys(ws, stage.name, ws.cache.stop_recording())
         executor.release()
         if ahead is not None:

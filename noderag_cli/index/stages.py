@@ -106,6 +106,7 @@ class StageRun:
     anchor_from: Workspace | None = None  # whose published build is the anchor (default: ws; the estimate's is another)
     tables: dict | None = None  # the run's tables read so far, for the stages after (`read`); None: none kept
     ahead: ReadAhead | None = None  # its own last outputs read while the stage before it ran (`last`)
+    hand_on: frozenset = frozenset()  # its outputs the next stage reads: kept in `tables` as written
 
     def spill(self) -> Spill:
         """Where this stage's largest arrays go past the memory budget (`executor.memory_mb`)."""
@@ -177,14 +178,15 @@ class StageRun:
 
     def write_all(self, tables: dict[str, pa.Table]) -> None:
         """Several of this stage's outputs, side by side (`files.write_parquets`). In a run that
-        keeps its tables, each is kept as its file reads back (`as_read_back`) for the stages after
-        this one: the next stage would otherwise decode what this one just encoded."""
+        keeps its tables, those the next stage reads (`hand_on`) are kept as their files read back
+        (`files.as_read_back`): that stage would otherwise decode what this one just encoded. The
+        others are not held for stages further on, which read them when they come."""
         write_parquets({self.path(name): table for name, table in tables.items()})
         if self.tables is None:
             return
         for name, table in tables.items():
             output = self.stage.output(name)
-            kept = as_read_back(table)
+            kept = as_read_back(table) if output in self.hand_on else None
             if kept is not None:
                 self.tables[(output, None)] = (_file_stamp(output.path(self.ws)), kept)
 
