@@ -116,8 +116,7 @@ def as_read_back(table: pa.Table) -> pa.Table | None:
         table = table.combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowCapacityError):
         return None
-    nested = [pa.types.is_nested(field.type) for field in table.schema]
-    if not any(nested):
+    if not any(pa.types.is_nested(field.type) for field in table.schema):
         return table
     return table.cast(pa.schema([field.with_type(_as_read_back(field.type)) for field in table.schema],
                                 metadata=table.schema.metadata))

@@ -137,10 +137,10 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
             prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
                                config.search.clustered_from, chunks, centroids,
                                EarlierText.read(current, embedder.vector_id) if current is not None else None)
-        # encoding, writing and hashing let go of the interpreter: the structures are written on every core
-        ivf.in_parallel(lambda write: write(), [*(functools.partial(writer.array, *item) for item in prepared.arrays.items()),
-                                                *(functools.partial(writer.arrow, *item) for item in prepared.tables.items()),
-                                                *(functools.partial(writer.raw, *item) for item in prepared.raw.items())])
+        writes = [functools.partial(writer.array, name, array) for name, array in prepared.arrays.items()]
+        writes += [functools.partial(writer.arrow, name, table) for name, table in prepared.tables.items()]
+        writes += [functools.partial(writer.raw, file, data) for file, data in prepared.raw.items()]
+        ivf.in_parallel(lambda write: write(), writes)  # encoding, writing, hashing: without the GIL, on every core
         for job in written:
             job.result()
     built = counts(nodes, edges)
