@@ -345,33 +345,28 @@ def sorted_union(first: pa.Table, second: pa.Table, key: tuple[str, ...]) -> pa.
     return pa.concat_tables([first.cast(second.schema), second]).take(pa.array(order)).combine_chunks()
 
 
-def union_of_merged(tables: list[pa.Table]) -> pa.Table:
-    """`merge_edges(tables)` for tables that are each its output (one row per pair, source <
-    target, sorted: what every stage writes), by merging them in turn: a pair in both of two tables
-    becomes one row of their summed weight, or-ed `hnsw` and the first structural kind (that of
-    the first table, unless it is "similarity"), the rest of the second table's rows are placed
-    among the first's. The stages' edge tables are millions of rows: a merge of sorted ids instead
-    of a sort of every id again. Falls back to `merge_edges` when a table is not so (or its ids
-    are not of the common width)."""
-    parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
-    keys = [id_keys(t, ("source", "target")) for t in parts]
-    if not parts or any(k is None or (len(k) > 1 and not (k[1:] > k[:-1]).all()) for k in keys):
-        return merge_edges(tables)
-    ends = [k.view(f"S{ID_WIDTH}").reshape(-1, 2) for k in keys]  # each key's source and target
-    if not all((e[:, 0] < e[:, 1]).all() for e in ends):
-        return merge_edges(tables)
-    kinds = pa.array(EDGE_KINDS, pa.string())
-    found = [pc.index_in(t["kind"], value_set=kinds) for t in parts]
+def _sorted_pairs(tables: list[pa.Table], keys: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """Each table's kind codes (in EDGE_KINDS) when every table is a merged one (`merge_edges`: one row
+    per pair, source < target, sorted) by its pair `keys` (ascending, distinct, None: ids of another
+    form) and every kind is known; else None."""
+    if any(k is None or (len(k) > 1 and not (k[1:] > k[:-1]).all()) for k in keys):
+        return None
+    found = [pc.index_in(t["kind"], value_set=pa.array(EDGE_KINDS, pa.string())) for t in tables]
     if any(f.null_count for f in found):
-        return merge_edges(tables)  # a kind not among EDGE_KINDS
-    codes = [np.asarray(f.to_numpy(), np.int64) for f in found]
+        return None  # a kind not among EDGE_KINDS
+    return [np.asarray(f.to_numpy(), np.int8) for f in found]
+
+
+def _merged(tables: list[pa.Table], keys: list[np.ndarray], codes: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The union of merged edge tables (`union_of_merged`) by their sorted, distinct pair `keys`,
+    merged in turn: per row of the union its key, the table and row it is taken from, its summed
+    weight (float64), or-ed `hnsw` and kind code (the first structural kind)."""
     similarity = EDGE_KINDS.index("similarity")
-    # the union so far, by row: its key, the table and row it is taken from, and its merged values
     merged_keys, table_of, row_of = keys[0], np.zeros(len(keys[0]), np.int64), np.arange(len(keys[0]))
-    weight = parts[0]["weight"].to_numpy().astype(np.float64)
-    hnsw = parts[0]["hnsw"].to_numpy(zero_copy_only=False).astype(bool)
+    weight = tables[0]["weight"].to_numpy().astype(np.float64)
+    hnsw = tables[0]["hnsw"].to_numpy(zero_copy_only=False).astype(bool)
     kind = codes[0].copy()
-    for number, (table, table_keys, table_kind) in enumerate(zip(parts[1:], keys[1:], codes[1:], strict=True), 1):
+    for number, (table, table_keys, table_kind) in enumerate(zip(tables[1:], keys[1:], codes[1:], strict=True), 1):
         places = np.searchsorted(merged_keys, table_keys)
         same = np.zeros(len(places), bool)
         inside = places < len(merged_keys)
@@ -388,14 +383,88 @@ def union_of_merged(tables: list[pa.Table]) -> pa.Table:
         weight = np.concatenate([weight, table["weight"].to_numpy().astype(np.float64)[new]])[order]
         hnsw = np.concatenate([hnsw, table["hnsw"].to_numpy(zero_copy_only=False)[new]])[order]
         kind = np.concatenate([kind, table_kind[new]])[order]
+    return merged_keys, table_of, row_of, weight, hnsw, kind
+
+
+def union_of_merged(tables: list[pa.Table]) -> pa.Table:
+    """`merge_edges(tables)` for tables that are each its output (one row per pair, source <
+    target, sorted: what every stage writes), by merging them in turn: a pair in both of two tables
+    becomes one row of their summed weight, or-ed `hnsw` and the first structural kind (that of
+    the first table, unless it is "similarity"), the rest of the second table's rows are placed
+    among the first's. The stages' edge tables are millions of rows: a merge of sorted ids instead
+    of a sort of every id again. Falls back to `merge_edges` when a table is not so (or its ids
+    are not of the common width)."""
+    parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
+    keys = [id_keys(t, ("source", "target")) for t in parts]
+    codes = _sorted_pairs(parts, keys) if parts else None
+    ends = [k.view(f"S{ID_WIDTH}").reshape(-1, 2) for k in keys] if codes is not None else []
+    if codes is None or not all((e[:, 0] < e[:, 1]).all() for e in ends):
+        return merge_edges(tables)
+    _, table_of, row_of, weight, hnsw, kind = _merged(parts, keys, codes)
     starts = np.cumsum([0] + [t.num_rows for t in parts])
     taken = pa.array(starts[table_of] + row_of)
 
     def column(name: str) -> pa.Array:
         return pa.concat_arrays([c for t in parts for c in t[name].chunks]).take(taken)
 
-    return pa.table({"source": column("source"), "target": column("target"), "kind": kinds.take(pa.array(kind)),
+    return pa.table({"source": column("source"), "target": column("target"),
+                     "kind": pa.array(EDGE_KINDS, pa.string()).take(pa.array(kind)),
                      "weight": pa.array(weight.astype(np.float32)), "hnsw": pa.array(hnsw)}, schema=EDGE_SCHEMA)
+
+
+@dataclass(frozen=True)
+class EdgeArrays:
+    """A merged edge table (`merge_edges`) as numpy arrays over the rows of its node table, which
+    is sorted by id (so the pairs sort as their ids do): 14 bytes an edge where the table takes
+    about 55, and no id to look up again. What the last stage holds of a build's edges; the table
+    is made from it to be written (`table`)."""
+
+    source: np.ndarray  # int32 node rows, source < target, sorted by (source, target)
+    target: np.ndarray  # int32
+    kind: np.ndarray  # int8: position in EDGE_KINDS
+    weight: np.ndarray  # float32
+    hnsw: np.ndarray  # bool
+
+    @classmethod
+    def union(cls, tables: list[pa.Table], ids: pa.Array) -> EdgeArrays:
+        """`union_of_merged(tables)` over the sorted node ids `ids`, merged as rows: the ends of
+        each table looked up once (`IdRows`), then merged by one integer per pair."""
+        lookup = IdRows.of(ids)
+        parts = [t.select(EDGE_COLUMNS).cast(EDGE_SCHEMA) for t in tables if t.num_rows]
+        ends = [(_rows_of(ids, t["source"], lookup), _rows_of(ids, t["target"], lookup)) for t in parts]
+        keys = [source.astype(np.int64) * len(ids) + target for source, target in ends]
+        codes = _sorted_pairs(parts, keys) if parts else None
+        if codes is None or not all((source < target).all() for source, target in ends):
+            return cls.of(union_of_merged(tables), ids)
+        del ends
+        merged_keys, _, _, weight, hnsw, kind = _merged(parts, keys, codes)
+        return cls((merged_keys // len(ids)).astype(np.int32), (merged_keys % len(ids)).astype(np.int32), kind,
+                   weight.astype(np.float32), hnsw)
+
+    @classmethod
+    def of(cls, edges: pa.Table, ids: pa.Array) -> EdgeArrays:
+        """A merged edge table over the sorted node ids `ids`."""
+        lookup = IdRows.of(ids)
+        kind = pc.index_in(edges["kind"], value_set=pa.array(EDGE_KINDS, pa.string()))
+        if kind.null_count:
+            raise ValueError("edge table has a kind not among graph.EDGE_KINDS")
+        return cls(_rows_of(ids, edges["source"], lookup), _rows_of(ids, edges["target"], lookup),
+                   np.asarray(kind.to_numpy(), np.int8), edges["weight"].to_numpy(),
+                   edges["hnsw"].to_numpy(zero_copy_only=False).astype(bool))
+
+    def table(self, ids: pa.Array) -> pa.Table:
+        """The edge table (`EDGE_SCHEMA`), its ids taken from `ids`."""
+        return pa.table({"source": ids.take(pa.array(self.source)), "target": ids.take(pa.array(self.target)),
+                         "kind": pa.array(EDGE_KINDS, pa.string()).take(pa.array(self.kind)),
+                         "weight": pa.array(self.weight), "hnsw": pa.array(self.hnsw)}, schema=EDGE_SCHEMA)
+
+
+def _rows_of(ids: pa.Array, wanted: pa.Array | pa.ChunkedArray, lookup: IdRows | None) -> np.ndarray:
+    """`node_rows` of ids that must all be there (int32)."""
+    rows = node_rows(ids, wanted, lookup)
+    if (rows < 0).any():
+        raise ValueError("edge table names a node that is not in the node table")
+    return rows.astype(np.int32, copy=False)
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -418,12 +487,13 @@ def csr_entries(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nd
     positions: indptr (int64), columns sorted within a row (int32), and per entry the edge it comes
     from (int64: entry k is edge `order[k]` of the table, seen from its source when below the
     table's length, else edge `order[k]` - length seen from its target)."""
-    n = len(id_column)
     lookup = IdRows.of(id_column)  # parsed once for both ends; None for ids of another form or not sorted
-    src, dst = (node_rows(id_column, edges[end], lookup) for end in ("source", "target"))
-    if (src < 0).any() or (dst < 0).any():
-        raise ValueError("edge table names a node that is not in the node table")
-    src, dst = src.astype(np.int32, copy=False), dst.astype(np.int32, copy=False)
+    src, dst = (_rows_of(id_column, edges[end], lookup) for end in ("source", "target"))
+    return csr_of_rows(len(id_column), src, dst)
+
+
+def csr_of_rows(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`csr_entries` of edges given as the node rows of their ends (int32)."""
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(src, minlength=n) + np.bincount(dst, minlength=n), out=indptr[1:])
     if len(src) and (src < dst).all() and \
@@ -463,9 +533,9 @@ def _merged_entry_order(src: np.ndarray, dst: np.ndarray, indptr: np.ndarray) ->
     return order
 
 
-def per_entry(edges: pa.Table, column: str, order: np.ndarray, dtype) -> np.ndarray:
-    """A column of an edge table per CSR entry (`csr_entries`' order)."""
-    values = np.asarray(edges[column].to_numpy(), dtype)
+def per_entry(values: np.ndarray, order: np.ndarray, dtype) -> np.ndarray:
+    """Per CSR entry (`csr_entries`' order), the value of its edge (`values`: one per edge)."""
+    values = np.asarray(values, dtype)
     return np.concatenate([values, values])[order]
 
 
@@ -473,7 +543,7 @@ def csr_arrays(id_column: pa.Array, edges: pa.Table) -> tuple[np.ndarray, np.nda
     """The symmetric adjacency of an edge table over the nodes `id_column` (in that order) as CSR
     arrays: indptr (int64), columns sorted within a row (int32), weights (float64)."""
     indptr, indices, order = csr_entries(id_column, edges)
-    return indptr, indices, per_entry(edges, "weight", order, np.float64)
+    return indptr, indices, per_entry(edges["weight"].to_numpy(), order, np.float64)
 
 
 @dataclass

@@ -105,6 +105,41 @@ def test_stage_edge_tables_merge_as_sorted_tables_into_merge_edges_bytes():
         assert parquet_bytes(union_of_merged(tables)) == parquet_bytes(merge_edges(tables))
 
 
+def test_the_last_stage_merges_edges_as_node_rows_into_the_same_table_and_search_parts():
+    """`graph.EdgeArrays` (how the last stage holds a build's edges: node rows, not id strings): the
+    table it makes has `union_of_merged`'s bytes, by the merge of rows and by the fallback (a
+    table not sorted), and the search's adjacency (`edge_parts_of`) equals the one made from that
+    table; an end that is not a node is refused."""
+    import numpy as np
+    import pyarrow as pa
+
+    from noderag_cli.files import parquet_bytes
+    from noderag_cli.graph import EdgeArrays, edge_rows, union_of_merged
+    from noderag_cli.search.prepare import edge_parts, edge_parts_of
+
+    ids = sorted(f"{letter}_{i * 7919:016x}" for letter in "NST" for i in range(12))
+    rng = np.random.default_rng(9)
+
+    def rows(kind, count, hnsw=False):
+        pairs = rng.integers(0, len(ids), (count, 2))
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        return merge_edges([edge_rows(pa.array([ids[a] for a in pairs[:, 0]]), pa.array([ids[b] for b in pairs[:, 1]]),
+                                      kind, hnsw)])
+
+    similar, structural, entities = rows("similarity", 60, hnsw=True), rows("T-S", 40), rows("S-N", 30)
+    unsorted = pa.Table.from_pylist(structural.to_pylist()[::-1], schema=structural.schema)
+    nodes = pa.table({"id": pa.array(ids)})
+    for tables in ([similar, structural, entities], [entities, similar], [similar, unsorted]):
+        merged = EdgeArrays.union(tables, pa.array(ids))
+        expected = union_of_merged(tables)
+        assert parquet_bytes(merged.table(pa.array(ids))) == parquet_bytes(expected)
+        by_rows, by_table = edge_parts_of(len(ids), merged), edge_parts(nodes, expected)
+        for name in ("indptr", "indices", "structural", "similar"):
+            assert np.array_equal(getattr(by_rows, name), getattr(by_table, name)), name
+    with pytest.raises(ValueError, match="not in the node table"):
+        EdgeArrays.union([similar, structural], pa.array(ids[1:]))
+
+
 def test_node_rows_are_found_by_number_within_each_type_as_hashing_the_strings_finds_them(monkeypatch):
     """`graph.IdRows` (how the graph-wide stages turn edge ends into node rows): the same rows as
     Arrow's `index_in` of the strings, -1 for an id the nodes lack, across types whose numbers

@@ -18,7 +18,6 @@ A generation holds (see `workspace.py` for where it lives):
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,9 +30,9 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, IdRows, distinct, node_rows
+from ..graph import NODE_COLUMNS, NODE_SCHEMA, EdgeArrays, IdRows, distinct, node_rows
 from ..node_types import NODE_TYPES
-from ..search.prepare import EarlierText, prepare
+from ..search.prepare import EarlierText, edge_parts_of, prepare
 from ..workspace import VECTOR_DIGESTS, Workspace
 from . import anchor
 from .outputs import (
@@ -85,17 +84,21 @@ def final_nodes(run: Reads, ids: pa.Array) -> pa.Table:
     return pa.table(columns).cast(NODE_SCHEMA)
 
 
-def counts(nodes: pa.Table, edges: pa.Table) -> dict:
-    """What `stats` shows of a build, computed once here."""
+def counts(nodes: pa.Table, edge_counts: dict) -> dict:
+    """What `stats` shows of a build, computed once here (`edge_counts`: of its edge table)."""
     by_type = {t: 0 for t in NODE_TYPES}
     by_type.update({row["type"]: row["type_count"] for row in nodes.group_by("type").aggregate([("type", "count")]).to_pylist()})
-    kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
     return {"nodes": by_type,
             "vectors": int(pc.sum(pc.greater_equal(nodes["vector_row"], 0)).as_py() or 0),
-            "edges": {"by_kind": {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])},
-                      "hnsw": int(pc.sum(edges["hnsw"]).as_py() or 0),
-                      "non_hnsw": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
-                      "merged_total": edges.num_rows}}
+            "edges": edge_counts}
+
+
+def edge_counts(edges: pa.Table) -> dict:
+    kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
+    return {"by_kind": {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])},
+            "hnsw": int(pc.sum(edges["hnsw"]).as_py() or 0),
+            "non_hnsw": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
+            "merged_total": edges.num_rows}
 
 
 def anchor_counts(run: Reads) -> dict:
@@ -120,13 +123,27 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     vectors = ivf.read_stored(vector_file)  # mapped, half precision: prepare widens what it reads
     documents = run.read(DOCUMENTS)
     writer = ws.new_generation()
-    with ThreadPoolExecutor(1) as pool:  # the nodes table meanwhile: it does not need the edges
-        nodes_job = pool.submit(final_nodes, run, ids)
-        edges = run.edges(*EDGE_OUTPUTS)
-        nodes = nodes_job.result()
-        # the tables are encoded and written while the search's structures are made from them
-        written = [pool.submit(writer.table, name, table)
-                   for name, table in (("edges", edges), ("nodes", nodes), ("documents", documents))]
+    with ThreadPoolExecutor(ivf.cores()) as writing:
+        written = []
+
+        def store(name: str, value: np.ndarray | pa.Table | bytes) -> None:
+            """A file of the generation, encoded, written and hashed on a writing thread while the
+            rest is made; the value is let go once written."""
+            write = writer.array if isinstance(value, np.ndarray) else \
+                writer.arrow if isinstance(value, pa.Table) else writer.raw
+            written.append(writing.submit(write, name, value))
+
+        nodes = final_nodes(run, ids)
+        node_ids = nodes["id"].combine_chunks()
+        edges = EdgeArrays.union([run.read(output) for output in EDGE_OUTPUTS], node_ids)
+        table = edges.table(node_ids)
+        written.append(writing.submit(writer.table, "edges", table))  # let go once written
+        built_edges = edge_counts(table)
+        del table
+        parts = edge_parts_of(nodes.num_rows, edges)  # all the search needs of the edges
+        del edges
+        for name, table in (("nodes", nodes), ("documents", documents)):
+            written.append(writing.submit(writer.table, name, table))
         writer.link("vectors.faiss", vector_file)  # the embed stage's file: the vectors are stored once
         writer.link(VECTOR_DIGESTS, run.input_path(VECTOR_IDS))  # by which the next update takes them back
         for name, output in anchor.FILES.items():  # what the next incremental update keeps its work against
@@ -134,24 +151,21 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         chunks = run.read(CHUNKS, ["chunk_id", "doc_id", "start", "end", "location"])
         with open_current(ws) as current:  # a cache: the new build's bytes are the same without it
-            prepared = prepare(nodes, edges, documents, vectors, config.search.similarity_weight, config.graph.seed,
+            search_meta = prepare(store, nodes, parts, documents, vectors, config.search.similarity_weight, config.graph.seed,
                                config.search.clustered_from, chunks, centroids,
-                               EarlierText.read(current, embedder.vector_id) if current is not None else None)
-        writes = [functools.partial(writer.array, name, array) for name, array in prepared.arrays.items()]
-        writes += [functools.partial(writer.arrow, name, table) for name, table in prepared.tables.items()]
-        writes += [functools.partial(writer.raw, file, data) for file, data in prepared.raw.items()]
-        ivf.in_parallel(lambda write: write(), writes)  # encoding, writing, hashing: without the GIL, on every core
+                                  EarlierText.read(current, embedder.vector_id) if current is not None else None)
         for job in written:
             job.result()
-    built = counts(nodes, edges)
+    built = counts(nodes, built_edges)
     built["anchor"] = anchor_counts(run)
     embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
-    contents = writer.commit({"embedding": embedding, "counts": built, "query": prepared.meta})
+    contents = writer.commit({"embedding": embedding, "counts": built, "query": search_meta})
     before_publish()
     ws.publish(writer.name)
     ws.remove_legacy_final()
     ws.remove_unused_generations()
-    return {"outputs_digest": contents, "generation": writer.name, "nodes": nodes.num_rows, "edges": edges.num_rows,
+    return {"outputs_digest": contents, "generation": writer.name, "nodes": nodes.num_rows,
+            "edges": built_edges["merged_total"],
             "hnsw_edges": built["edges"]["hnsw"], "structural_edges": built["edges"]["non_hnsw"]}
 
 

@@ -29,9 +29,9 @@ size, and a question reads only the pages it touches.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import faiss
 import numpy as np
@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .. import ivf, nlp
 from ..errors import DamagedError
-from ..graph import csr_entries, distinct, hex_ids, per_entry, row_entries
+from ..graph import EdgeArrays, csr_entries, csr_of_rows, distinct, hex_ids, per_entry, row_entries
 from ..node_types import MAX_RETRIEVABLE_CODE, TYPE_CODE, TYPE_LETTERS
 from . import context
 from .entry import NameIndex, key_hashes, name_key, name_words
@@ -54,20 +54,7 @@ TEXT_BLOCK = 65_536  # nodes whose texts are turned into Python strings at a tim
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights")
 
 
-@dataclass
-class Prepared:
-    """The derived structures of one build, in memory: what a generation holds on disk."""
-
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    tables: dict[str, pa.Table] = field(default_factory=dict)  # written as Arrow IPC
-    raw: dict[str, bytes] = field(default_factory=dict)  # other files, by file name
-    meta: dict = field(default_factory=dict)
-
-    def array(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-    def arrow(self, name: str) -> pa.Table:
-        return self.tables[name]
+Store = Callable[[str, "np.ndarray | pa.Table | bytes"], None]  # a derived structure, by name: written as it comes
 
 
 @dataclass(frozen=True)
@@ -105,8 +92,18 @@ class EdgeParts:
 def edge_parts(nodes: pa.Table, edges: pa.Table) -> EdgeParts:
     """The edge table's `EdgeParts` over the nodes in table order."""
     indptr, indices, order = csr_entries(nodes["id"].combine_chunks(), edges)
-    similar = per_entry(edges, "hnsw", order, np.uint8)
-    structural = per_entry(edges, "weight", order, np.float64)
+    return _edge_parts(indptr, indices, order, edges["weight"].to_numpy(), edges["hnsw"].to_numpy(zero_copy_only=False))
+
+
+def edge_parts_of(n: int, edges: EdgeArrays) -> EdgeParts:
+    """`edge_parts` of a build's edges given as node rows (`graph.EdgeArrays`: nothing to look up)."""
+    return _edge_parts(*csr_of_rows(n, edges.source, edges.target), edges.weight, edges.hnsw)
+
+
+def _edge_parts(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray, weight: np.ndarray, hnsw: np.ndarray
+                ) -> EdgeParts:
+    similar = per_entry(hnsw, order, np.uint8)
+    structural = per_entry(weight, order, np.float64)
     del order
     structural -= similar
     rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int32), np.diff(indptr))
@@ -477,34 +474,38 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids:
     return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
 
 
-def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.ndarray,
+def prepare(store: Store, nodes: pa.Table, parts: EdgeParts, documents: pa.Table, vectors: np.ndarray,
             similarity_weight: float, seed: int = 42, clustered_from: int | None = None,
             chunks: pa.Table | None = None, centroids: np.ndarray | None = None,
-            earlier: EarlierText | None = None) -> Prepared:
-    """Every structure the search reads, from the final nodes (sorted by id), edges and documents
-    tables, the vectors (row i = `vector_row` i; float32, or a build's half-precision rows) and the chunks table (for where nodes came from;
-    none: no places). `centroids`: the vector side's clusters to keep (`vector_clusters`); `earlier`:
-    an earlier build's text structures, to take for the nodes it holds unchanged (`EarlierText`)."""
-    out = Prepared()
+            earlier: EarlierText | None = None) -> dict:
+    """Every structure the search reads, each handed to `store` as soon as it is made (a build
+    writes it from there instead of holding them all: at a million passages they are gigabytes), and
+    what the search needs to know beside them (returned). Made from the final nodes (sorted by id), the edges as their
+    `edge_parts` (so the edge table need not be held meanwhile), the documents table, the vectors
+    (row i = `vector_row` i; float32, or a build's half-precision rows) and the chunks table (for
+    where nodes came from; none: no places). `centroids`: the vector side's clusters to keep
+    (`vector_clusters`); `earlier`: an earlier build's text structures, to take for the nodes it
+    holds unchanged (`EarlierText`);"""
+    meta = {}
     nodes = nodes.combine_chunks()
     n = nodes.num_rows
     codes = type_codes_of(nodes["type"])
     with ThreadPoolExecutor(1) as pool:
         text_part = pool.submit(_text_structures, nodes, codes, earlier)
-        out.arrays["type_codes"] = codes
+        store("type_codes", codes)
         tokens = nodes["tokens"].to_numpy()
-        out.arrays["tokens"] = tokens.astype(np.uint16 if not len(tokens) or int(tokens.max()) < 2**16 else np.int32)
+        store("tokens", tokens.astype(np.uint16 if not len(tokens) or int(tokens.max()) < 2**16 else np.int32))
         vector_row = nodes["vector_row"].to_numpy().astype(np.int32)
-        out.arrays["vector_of_node"] = vector_row
-        out.tables["node_text"] = pa.table({"text": nodes["text"]})
-        out.arrays["id_hash"] = id_hashes(nodes["id"], codes)
+        store("vector_of_node", vector_row)
+        store("node_text", pa.table({"text": nodes["text"]}))
+        store("id_hash", id_hashes(nodes["id"], codes))
 
         embedded = np.flatnonzero(vector_row >= 0)
         node_of_vector = np.empty(len(embedded), dtype=np.int64)
         node_of_vector[vector_row[embedded]] = embedded
-        out.arrays["node_of_vector"] = node_of_vector
+        store("node_of_vector", node_of_vector)
         scanned_rows = np.flatnonzero(np.isin(codes[node_of_vector], [TYPE_CODE[t] for t in SCANNED]))
-        out.arrays["scanned_rows"] = scanned_rows
+        store("scanned_rows", scanned_rows)
         if clustered_from is not None and len(scanned_rows) >= clustered_from:
             scanned_nodes = pa.array(node_of_vector[scanned_rows])
             names = nodes["id"].combine_chunks().take(scanned_nodes)
@@ -514,40 +515,41 @@ def prepare(nodes: pa.Table, edges: pa.Table, documents: pa.Table, vectors: np.n
                 known = earlier.clusters_of(earlier.rows_of(names, texts), centroids)
             centroids, indptr, members = vector_clusters(vectors[scanned_rows], names.to_pylist(), seed, centroids,
                                                          known)
-            out.arrays["cluster_centroids"] = centroids
-            out.arrays["cluster_indptr"] = indptr
-            out.arrays["cluster_rows"] = scanned_rows[members]
-            out.arrays["cluster_codes"] = int8_code_rows(vectors, scanned_rows[members])
-            out.meta["clusters"] = len(centroids)
+            store("cluster_centroids", centroids)
+            store("cluster_indptr", indptr)
+            store("cluster_rows", scanned_rows[members])
+            store("cluster_codes", int8_code_rows(vectors, scanned_rows[members]))
+            meta["clusters"] = len(centroids)
         else:
             index, scale, error = scan8(np.asarray(vectors[scanned_rows], np.float32))
-            out.raw["scan8.faiss"] = faiss.serialize_index(index).tobytes()
-            out.meta["scan8"] = {"scale": scale, "error": error}
+            store("scan8.faiss", faiss.serialize_index(index).tobytes())
+            meta["scan8"] = {"scale": scale, "error": error}
 
-        parts = edge_parts(nodes, edges)
         structural = parts.adjacency(0.0)
-        walk = walk_matrix(parts, similarity_weight)
-        del parts
+        walk = WalkMatrix.from_csr(structural.indptr, structural.indices, structural.data) if similarity_weight == 0 \
+            else walk_matrix(parts, similarity_weight)  # weight 0 (the default): the structural edges alone
         for name, array in zip(WALK_ARRAYS, (walk.indptr, walk.indices, walk.weights), strict=True):
-            out.arrays[name] = array
-        out.meta["walk_similarity_weight"] = float(similarity_weight)
+            store(name, array)
+        meta["walk_similarity_weight"] = float(similarity_weight)
         # the structural edges that end in an A or H node: what an entity or overview leads to
         ends_led = IS_LED[codes[structural.indices]]
         counts = np.bincount(np.repeat(np.arange(n), np.diff(structural.indptr))[ends_led], minlength=n)
-        out.arrays["leads_rows"] = np.flatnonzero(counts).astype(np.int32)
-        out.arrays["leads_indptr"] = np.r_[0, np.cumsum(counts[counts > 0])].astype(np.int32)
-        out.arrays["leads_indices"] = structural.indices[ends_led].astype(np.int32)
-        out.arrays["unit_chunk"] = unit_chunks(structural, codes, one_place_chunks(nodes, chunks))
+        store("leads_rows", np.flatnonzero(counts).astype(np.int32))
+        store("leads_indptr", np.r_[0, np.cumsum(counts[counts > 0])].astype(np.int32))
+        store("leads_indices", structural.indices[ends_led].astype(np.int32))
+        store("unit_chunk", unit_chunks(structural, codes, one_place_chunks(nodes, chunks)))
 
         doc_indptr, doc_codes, names = document_lists(nodes["doc_ids"], documents)
-        out.arrays["doc_indptr"], out.arrays["doc_codes"] = _narrow(doc_indptr), doc_codes
-        out.tables["document_names"] = pa.table({"path": names})
+        store("doc_indptr", _narrow(doc_indptr))
+        store("doc_codes", doc_codes)
+        store("document_names", pa.table({"path": names}))
         place_indptr, place_rows, place_table = places(nodes, codes, documents, chunks)
-        out.arrays["place_indptr"], out.arrays["place_rows"] = _narrow(place_indptr), place_rows
-        out.tables["places"] = place_table
-        arrays, tables, meta = text_part.result()
-    out.arrays.update(arrays)
-    out.tables.update(tables)
-    out.meta.update(meta)
-    out.meta["version"] = VERSION
-    return out
+        store("place_indptr", _narrow(place_indptr))
+        store("place_rows", place_rows)
+        store("places", place_table)
+        arrays, tables, text_meta = text_part.result()
+    for name, value in {**arrays, **tables}.items():
+        store(name, value)
+    meta.update(text_meta)
+    meta["version"] = VERSION
+    return meta
