@@ -49,20 +49,24 @@ class WalkMatrix:
         diag(1 / degree) @ A gives, whose sums the walk has always followed (tested against scipy)."""
         n = len(indptr) - 1
         counts = np.diff(indptr)
-        rows = np.repeat(np.arange(n), counts)
-        reverse = (indptr[1:][rows] - 1 - (np.arange(len(rows)) - indptr[:-1][rows])).astype(np.int64)
-        weights = np.asarray(data, np.float64)[reverse]
         index_type = np.int32 if len(indices) < 2**31 else np.int64
-        indptr, columns = indptr.astype(index_type), indices[reverse].astype(index_type)
+        # entry k of row r is read from indptr[r] + indptr[r + 1] - 1 - k: a per-row number repeated,
+        # less k, in the narrowest type (at a million passages these are hundreds of millions of entries)
+        position_type = np.int32 if 2 * len(indices) < 2**31 else np.int64  # holds indptr[r] + indptr[r + 1]
+        reverse = np.repeat((indptr[:-1] + indptr[1:] - 1).astype(position_type), counts)
+        reverse -= np.arange(len(reverse), dtype=position_type)
+        weights = np.asarray(data, np.float64)[reverse]
+        columns = indices[reverse].astype(index_type, copy=False)
+        del reverse
         for whole in (np.uint8, np.uint16):
             small = weights.astype(whole)
             if np.array_equal(small, weights):
-                return cls(indptr, columns, small)
+                return cls(indptr.astype(index_type), columns, small)
         degree = np.zeros(n)
         filled = counts > 0
         if filled.any():  # np.add.reduceat: the bits of scipy's row sums, for any weights
             degree[filled] = np.add.reduceat(np.asarray(data, np.float64), indptr[:-1][filled])
-        return cls(indptr, columns, _inverse(degree)[rows] * weights)
+        return cls(indptr.astype(index_type), columns, np.repeat(_inverse(degree), counts) * weights)
 
     @classmethod
     def from_adjacency(cls, adjacency) -> WalkMatrix:

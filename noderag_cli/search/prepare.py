@@ -81,12 +81,15 @@ class EdgeParts:
     def adjacency(self, similarity_weight: float) -> Adjacency:
         """structural + similarity_weight x similarity share, cancelled entries dropped (weight 0:
         the structural edges alone); each entry has the bits of scipy's a + w x b."""
-        values = self.similar * np.float64(similarity_weight)
-        values += self.structural
+        if similarity_weight == 0:  # the structural weights as they are (0 x a share adds +0.0): no copy
+            values = self.structural
+        else:
+            values = self.similar * np.float64(similarity_weight)
+            values += self.structural
         keep = values != 0
-        kept_before = np.zeros(len(keep) + 1, np.int64)
+        kept_before = np.zeros(len(keep) + 1, np.int32 if len(keep) < 2**31 else np.int64)
         np.cumsum(keep, out=kept_before[1:])
-        return Adjacency(kept_before[self.indptr], self.indices[keep], values[keep])
+        return Adjacency(kept_before[self.indptr].astype(np.int64), self.indices[keep], values[keep])
 
 
 def edge_parts(nodes: pa.Table, edges: pa.Table) -> EdgeParts:
@@ -454,27 +457,34 @@ def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | 
     return arrays, tables, {"sentence_keys": int(len(distinct(key_ids))), "key_ids": KEY_IDS}
 
 
-def _grid(vectors: np.ndarray) -> np.ndarray:
-    """`ivf.quantised` held in int16 (whole numbers of at most 2048): half the memory of float32 and
-    the same values, but for the sign of a zero (a centroid started at a vector keeps no -0.0)."""
-    return ivf.quantised(vectors, np.empty(vectors.shape, np.int16))
+def _grid(vectors: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """`ivf.quantised` of `vectors` (or of its `rows`, gathered a block at a time: no copy of them
+    all) held in int16: whole numbers of at most 2048, so the same values in half the memory of
+    float32, but for the sign of a zero (a centroid started at a vector keeps no -0.0)."""
+    rows = np.arange(len(vectors)) if rows is None else rows
+    out = np.empty((len(rows), vectors.shape[1]), np.int16)
+    for start in range(0, len(rows), ivf.BLOCK):
+        ivf.quantised(vectors[rows[start : start + ivf.BLOCK]], out[start : start + ivf.BLOCK])
+    return out
 
 
 def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None,
-                    known: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    known: np.ndarray | None = None, rows: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The clusters the vector side probes in a large build: (unit centroids (c, d) float32, indptr,
-    members as positions in `vectors`), each vector in its nearest cluster; order-free, as
+    members as positions in `vectors`, or in `rows` of it when given), each vector in its nearest cluster; order-free, as
     `ivf.Clusters` is, so the same vectors give the same bytes. `centroids`: an earlier build's
     (an incremental update keeps them, index/anchor.py), else trained; `known`: with them, per
     vector its cluster where an earlier build found it (`EarlierText.clusters_of`), -1 elsewhere:
     only the others are scored against every centroid."""
     if centroids is None:
-        clusters = ivf.Clusters.build(_grid(vectors), names, seed, ivf.BUCKET, 1, 1)
+        clusters = ivf.Clusters.build(_grid(vectors, rows), names, seed, ivf.BUCKET, 1, 1)
     else:
         on_grid = np.asarray(centroids, np.float32) * np.float32(ivf.QUANT)  # exact: they were divided by it
-        nearest = np.full(len(vectors), -1, np.int64) if known is None else np.array(known, np.int64)
+        rows = np.arange(len(vectors)) if rows is None else rows
+        nearest = np.full(len(rows), -1, np.int64) if known is None else np.array(known, np.int64)
         todo = np.flatnonzero(nearest < 0)
-        nearest[todo] = ivf.nearest(_grid(vectors[todo]), on_grid, 1)[:, 0]
+        nearest[todo] = ivf.nearest(_grid(vectors, rows[todo]), on_grid, 1)[:, 0]
         clusters = ivf.Clusters(on_grid, nearest[:, None].astype(np.int32), 1)
     indptr, members = clusters.members()
     return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
@@ -519,8 +529,8 @@ def prepare(store: Store, nodes: pa.Table, parts: EdgeParts, documents: pa.Table
             if centroids is not None and earlier is not None:
                 texts = nodes["text"].combine_chunks().take(scanned_nodes)
                 known = earlier.clusters_of(earlier.rows_of(names, texts), centroids)
-            centroids, indptr, members = vector_clusters(vectors[scanned_rows], names.to_pylist(), seed, centroids,
-                                                         known)
+            centroids, indptr, members = vector_clusters(vectors, names.to_pylist(), seed, centroids, known,
+                                                         scanned_rows)
             store("cluster_centroids", centroids)
             store("cluster_indptr", indptr)
             store("cluster_rows", scanned_rows[members])
