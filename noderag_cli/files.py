@@ -41,10 +41,12 @@ def _file_mode() -> int:
 FILE_MODE = _file_mode()  # what open() would give: other users may read a workspace the umask lets them
 
 
-def atomic_write_bytes(path: Path, data: bytes | pa.Buffer) -> None:
+def atomic_write_bytes(path: Path, *parts: bytes | pa.Buffer | memoryview) -> None:
+    """`parts`, one after the other, as the file at `path` (`atomic_write_with`)."""
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:
-            handle.write(data)
+            for data in parts:
+                handle.write(data)
 
     atomic_write_with(path, write)
 
@@ -219,23 +221,27 @@ def _write_named(name: str, write: Callable[[BinaryIO], None]) -> None:
         write(handle)
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
+def npy_parts(array: np.ndarray) -> tuple[bytes, memoryview]:
+    """The bytes of `np.save(array)` as its header and a view of the array's own memory: a large
+    array is written without a copy of it."""
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return header.getvalue(), memoryview(array.reshape(-1).view(np.uint8))
 
 
-def arrow_bytes(table: pa.Table) -> pa.Buffer:
-    """An uncompressed Arrow IPC file: opened by memory mapping, read without decoding (Arrow's
-    buffer, as `parquet_bytes`)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
+def write_arrow(path: str | Path, table: pa.Table) -> None:
+    """An uncompressed Arrow IPC file, written straight to `path`: opened by memory mapping, read
+    without decoding."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue()
 
 
-def bytes_digest(data: bytes | pa.Buffer) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+def bytes_digest(*parts: bytes | pa.Buffer | memoryview) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for data in parts:
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def file_digest(path: Path) -> str:

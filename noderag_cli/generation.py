@@ -22,15 +22,16 @@ import pyarrow.parquet as pq
 
 from .errors import DamagedError
 from .files import (
-    arrow_bytes,
     atomic_write_bytes,
+    atomic_write_with,
     bytes_digest,
     file_digest,
     file_digests,
     fsync_dir,
     json_digest,
-    npy_bytes,
+    npy_parts,
     parquet_bytes,
+    write_arrow,
 )
 
 GENERATION_VERSION = 1
@@ -160,19 +161,25 @@ class GenerationWriter:
         self.files: dict[str, dict] = {}
         self._lock = threading.Lock()
 
-    def _write(self, file: str, data: bytes | pa.Buffer) -> None:
-        atomic_write_bytes(self.folder / file, data)
+    def _write(self, file: str, *parts: bytes | pa.Buffer | memoryview) -> None:
+        atomic_write_bytes(self.folder / file, *parts)
+        self._record(file, sum(memoryview(data).nbytes for data in parts), bytes_digest(*parts))
+
+    def _record(self, file: str, size: int, digest: str) -> None:
         with self._lock:
-            self.files[file] = {"bytes": len(data), "blake2b": bytes_digest(data)}
+            self.files[file] = {"bytes": size, "blake2b": digest}
 
     def table(self, name: str, table: pa.Table) -> None:
         self._write(f"{name}.parquet", parquet_bytes(table))
 
     def array(self, name: str, array: np.ndarray) -> None:
-        self._write(f"{name}.npy", npy_bytes(array))
+        self._write(f"{name}.npy", *npy_parts(array))
 
     def arrow(self, name: str, table: pa.Table) -> None:
-        self._write(f"{name}.arrow", arrow_bytes(table))
+        """Written to its file as it is encoded (no copy of the table in memory), then hashed from it."""
+        path = self.folder / f"{name}.arrow"
+        atomic_write_with(path, lambda tmp: write_arrow(tmp, table))
+        self._record(path.name, path.stat().st_size, file_digest(path))
 
     def raw(self, file: str, data: bytes) -> None:
         self._write(file, data)
@@ -188,8 +195,7 @@ class GenerationWriter:
             tmp = target.with_name(f".{target.name}.tmp")
             shutil.copyfile(source, tmp)
             os.replace(tmp, target)
-        with self._lock:
-            self.files[file] = {"bytes": target.stat().st_size, "blake2b": file_digest(target)}
+        self._record(file, target.stat().st_size, file_digest(target))
 
     def commit(self, meta: dict) -> str:
         """Write the manifest (the files' sizes and checksums, and `meta`); returns the digest that

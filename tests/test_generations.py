@@ -370,3 +370,37 @@ def test_query_during_a_first_build_says_so(tmp_path):
         running = noderag("query", workspace, QUESTIONS[0], "--context-only")
     assert running.returncode == 3
     assert_one_line_error(running, "being indexed for the first time")
+
+
+def test_a_generation_writes_arrays_and_arrow_files_as_numpy_and_arrow_would_and_records_their_checksums(tmp_path):
+    """`GenerationWriter` writes an array from its own memory (header, then the array's bytes) and
+    an Arrow file straight to disk instead of encoding either in memory first: the files must be
+    what `np.save` and Arrow's IPC writer make (the query maps them), for any dtype, shape and
+    layout, and the manifest's size and checksum those of the file."""
+    import hashlib
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+
+    from noderag_cli.generation import GenerationWriter
+
+    writer = GenerationWriter(tmp_path / "g", "g")
+    arrays = {"small": np.arange(10, dtype=np.uint16), "empty": np.zeros(0, np.int64),
+              "matrix": np.random.default_rng(1).random((5, 3)).astype(np.float32),
+              "strided": np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2]}
+    for name, array in arrays.items():
+        writer.array(name, array)
+        expected = io.BytesIO()
+        np.save(expected, np.ascontiguousarray(array), allow_pickle=False)
+        assert (tmp_path / "g" / f"{name}.npy").read_bytes() == expected.getvalue(), name
+        assert np.array_equal(np.load(tmp_path / "g" / f"{name}.npy"), array)
+    table = pa.table({"text": ["a", "bb", None, "ccc"]})
+    writer.arrow("texts", table)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as ipc:
+        ipc.write_table(table)
+    assert (tmp_path / "g" / "texts.arrow").read_bytes() == sink.getvalue().to_pybytes()
+    for file, info in writer.files.items():
+        data = (tmp_path / "g" / file).read_bytes()
+        assert info == {"bytes": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}, file

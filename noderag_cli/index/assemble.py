@@ -123,7 +123,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     vectors = ivf.read_stored(vector_file)  # mapped, half precision: prepare widens what it reads
     documents = run.read(DOCUMENTS)
     writer = ws.new_generation()
-    with ThreadPoolExecutor(ivf.cores()) as writing:
+    with ThreadPoolExecutor(1) as writing:
         written = []
 
         def store(name: str, value: np.ndarray | pa.Table | bytes) -> None:

@@ -386,9 +386,8 @@ class EarlierText:
 def _derived_from(types: pa.ChunkedArray, names: pa.ChunkedArray, texts: pa.ChunkedArray) -> pa.Array:
     """Per node, the text its text structures are derived from: an entity's or overview's name (its
     text when it has none), every other node's text."""
-    named = pc.is_in(types, value_set=pa.array(["N", "O"]))
-    name_or_text = pc.if_else(pc.equal(names, ""), texts, names)
-    return pc.if_else(named, name_or_text, texts).combine_chunks()
+    by_name = pc.and_kleene(pc.is_in(types, value_set=pa.array(["N", "O"])), pc.not_equal(names, ""))
+    return pc.if_else(by_name, names, texts).combine_chunks()  # one array of every text made, not two
 
 
 def _text_structures(nodes: pa.Table, codes: np.ndarray, earlier: EarlierText | None = None
