@@ -197,17 +197,17 @@ def _shown_by_anchor(membership: np.ndarray, texts: list[str], content: np.ndarr
 
 
 def run(
-    nodes: pa.Table, edges: pa.Table, engine: Engine, embedder: Embedder, seed: int, resolution: float,
+    nodes: pa.Table, graph: Graph, engine: Engine, embedder: Embedder, seed: int, resolution: float,
     max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
     count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens, anchor: Anchor | None = None,
     resummarize_share: float = 0.0,
 ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str], pa.Table, pa.Table]:
     """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures, the
-    summaries record and the semantic matching's K-means centroids (`anchor.py`). Reads the `tokens` column of `nodes`. A community's elements
+    summaries record and the semantic matching's K-means centroids (`anchor.py`), from the S, N,
+    R, A `nodes` (sorted by id; their texts, tokens and chunks are read) and their `graph`. A community's elements
     are written in parts of about `leaf_tokens` (index/summaries.py). With an `anchor`, its
     communities stay (`anchored`), and one whose shown texts changed by at most
     `resummarize_share` since its elements were written keeps them, and nothing is asked."""
-    graph = Graph.from_tables(nodes, edges)
     membership = anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
         leiden(graph, seed, resolution)
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))

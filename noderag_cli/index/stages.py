@@ -36,7 +36,7 @@ from ..engines.base import Engine
 from ..executor import Executor, release_memory
 from ..files import as_read_back, atomic_write_with, bytes_digest, write_parquets
 from ..generation import GENERATION_VERSION
-from ..graph import edge_rows, union_of_merged
+from ..graph import Graph, edge_rows, union_of_merged
 from ..search import prepare
 from ..spill import Spill, budget_mb
 from ..workspace import EDGES, NODES, Workspace
@@ -415,12 +415,12 @@ def _attributes(run: StageRun) -> dict:
 
 def _communities(run: StageRun) -> dict:
     g = run.config.graph
-    nodes = run.nodes(DECOMPOSE_NODES, ATTRIBUTE_NODES)
-    edges = run.edges(DECOMPOSE_EDGES, ATTRIBUTE_EDGES)
+    nodes = run.nodes(DECOMPOSE_NODES, ATTRIBUTE_NODES).sort_by("id")  # one copy: sorted
+    graph = Graph.from_tables(nodes, run.edges(DECOMPOSE_EDGES, ATTRIBUTE_EDGES))  # the edge table let go once in it
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
     new_nodes, new_edges, assignments, failures, summaries, centroids = communities.run(
-        nodes.sort_by("id"), edges, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
+        nodes, graph, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
         g.summary_leaf_tokens, run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
     )
