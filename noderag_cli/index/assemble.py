@@ -94,6 +94,7 @@ def counts(nodes: pa.Table, edge_counts: dict) -> dict:
 
 
 def edge_counts(edges: pa.Table) -> dict:
+    """The edges' share of `counts`, taken while the table is at hand (it is let go once written)."""
     kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
     return {"by_kind": {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])},
             "hnsw": int(pc.sum(edges["hnsw"]).as_py() or 0),
@@ -151,8 +152,8 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         writer.raw("config.yaml", config_to_yaml(config, build=True).encode())
         chunks = run.read(CHUNKS, ["chunk_id", "doc_id", "start", "end", "location"])
         with open_current(ws) as current:  # a cache: the new build's bytes are the same without it
-            search_meta = prepare(store, nodes, parts, documents, vectors, config.search.similarity_weight, config.graph.seed,
-                               config.search.clustered_from, chunks, centroids,
+            search_meta = prepare(store, nodes, parts, documents, vectors, config.search.similarity_weight,
+                                  config.graph.seed, config.search.clustered_from, chunks, centroids,
                                   EarlierText.read(current, embedder.vector_id) if current is not None else None)
         for job in written:
             job.result()

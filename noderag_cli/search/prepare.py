@@ -471,11 +471,11 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids:
                     known: np.ndarray | None = None, rows: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The clusters the vector side probes in a large build: (unit centroids (c, d) float32, indptr,
-    members as positions in `vectors`, or in `rows` of it when given), each vector in its nearest cluster; order-free, as
-    `ivf.Clusters` is, so the same vectors give the same bytes. `centroids`: an earlier build's
-    (an incremental update keeps them, index/anchor.py), else trained; `known`: with them, per
-    vector its cluster where an earlier build found it (`EarlierText.clusters_of`), -1 elsewhere:
-    only the others are scored against every centroid."""
+    members as positions in `vectors`, or in its `rows` when given), each vector in its nearest
+    cluster; order-free, as `ivf.Clusters` is, so the same vectors give the same bytes.
+    `centroids`: an earlier build's (an incremental update keeps them, index/anchor.py), else
+    trained; `known`: with them, per vector its cluster where an earlier build found it
+    (`EarlierText.clusters_of`), -1 elsewhere: only the others are scored against every centroid."""
     if centroids is None:
         clusters = ivf.Clusters.build(_grid(vectors, rows), names, seed, ivf.BUCKET, 1, 1)
     else:
