@@ -30,7 +30,7 @@ from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
 from ..generation import Generation
-from ..graph import NODE_COLUMNS, NODE_SCHEMA, EdgeArrays, IdRows, distinct, node_rows
+from ..graph import EDGE_KINDS, NODE_COLUMNS, NODE_SCHEMA, EdgeArrays, IdRows, distinct, node_rows
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, edge_parts_of, prepare
 from ..workspace import VECTOR_DIGESTS, Workspace
@@ -84,22 +84,18 @@ def final_nodes(run: Reads, ids: pa.Array) -> pa.Table:
     return pa.table(columns).cast(NODE_SCHEMA)
 
 
-def counts(nodes: pa.Table, edge_counts: dict) -> dict:
-    """What `stats` shows of a build, computed once here (`edge_counts`: of its edge table)."""
+def counts(nodes: pa.Table, edges: EdgeArrays) -> dict:
+    """What `stats` shows of a build, computed once here."""
     by_type = {t: 0 for t in NODE_TYPES}
     by_type.update({row["type"]: row["type_count"] for row in nodes.group_by("type").aggregate([("type", "count")]).to_pylist()})
+    by_kind = np.bincount(edges.kind, minlength=len(EDGE_KINDS))
     return {"nodes": by_type,
             "vectors": int(pc.sum(pc.greater_equal(nodes["vector_row"], 0)).as_py() or 0),
-            "edges": edge_counts}
-
-
-def edge_counts(edges: pa.Table) -> dict:
-    """The edges' share of `counts`, taken while the table is at hand (it is let go once written)."""
-    kinds = edges.group_by("kind").aggregate([("kind", "count")]).to_pylist()
-    return {"by_kind": {row["kind"]: row["kind_count"] for row in sorted(kinds, key=lambda r: r["kind"])},
-            "hnsw": int(pc.sum(edges["hnsw"]).as_py() or 0),
-            "non_hnsw": int(pc.sum(pc.not_equal(edges["kind"], "similarity")).as_py() or 0),
-            "merged_total": edges.num_rows}
+            "edges": {"by_kind": {kind: int(by_kind[EDGE_KINDS.index(kind)]) for kind in sorted(EDGE_KINDS)
+                                  if by_kind[EDGE_KINDS.index(kind)]},
+                      "hnsw": int(edges.hnsw.sum()),
+                      "non_hnsw": int(len(edges.kind) - by_kind[EDGE_KINDS.index("similarity")]),
+                      "merged_total": len(edges.kind)}}
 
 
 def anchor_counts(run: Reads) -> dict:
@@ -137,11 +133,9 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         nodes = final_nodes(run, ids)
         node_ids = nodes["id"].combine_chunks()
         edges = EdgeArrays.union([run.read(output) for output in EDGE_OUTPUTS], node_ids)
-        table = edges.table(node_ids)
-        written.append(writing.submit(writer.table, "edges", table))  # let go once written
-        built_edges = edge_counts(table)
-        del table
+        written.append(writing.submit(writer.table, "edges", edges.table(node_ids)))  # let go once written
         parts = edge_parts_of(nodes.num_rows, edges)  # all the search needs of the edges
+        built = counts(nodes, edges)
         del edges
         for name, table in (("nodes", nodes), ("documents", documents)):
             written.append(writing.submit(writer.table, name, table))
@@ -157,7 +151,6 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
                                   EarlierText.read(current, embedder.vector_id) if current is not None else None)
         for job in written:
             job.result()
-    built = counts(nodes, built_edges)
     built["anchor"] = anchor_counts(run)
     embedding = {"model": embedder.model_id, "dim": embedder.dim, "vectors": embedder.vector_id}
     contents = writer.commit({"embedding": embedding, "counts": built, "query": search_meta})
@@ -166,7 +159,7 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
     ws.remove_legacy_final()
     ws.remove_unused_generations()
     return {"outputs_digest": contents, "generation": writer.name, "nodes": nodes.num_rows,
-            "edges": built_edges["merged_total"],
+            "edges": built["edges"]["merged_total"],
             "hnsw_edges": built["edges"]["hnsw"], "structural_edges": built["edges"]["non_hnsw"]}
 
 
