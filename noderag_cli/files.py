@@ -11,7 +11,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -88,20 +88,50 @@ id repeated across groups is stored once per group: at 200,000 passages the edge
 groups of 1,048,576 rows, 102 MB in groups of this size (97 in one group, read on one thread)."""
 
 
-def parquet_bytes(table: pa.Table) -> pa.Buffer:
-    """Deterministic bytes for the same table: no statistics timestamps, fixed compression. Arrow's
-    buffer, not a copy of it as `bytes`: a large table's file is held once while it is written."""
-    sink = pa.BufferOutputStream()
-    paths = [name for field in table.schema for name in
+def _parquet_options(schema: pa.Schema) -> dict:
+    """The writer's settings for a table of `schema`: deterministic bytes for the same table (no
+    statistics timestamps, fixed compression)."""
+    paths = [name for field in schema for name in
              ((f"{field.name}.list.element",) if pa.types.is_list(field.type) else (field.name,))]
-    pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=True,
-                   compression_level={path: PROSE_LEVEL if path in PROSE else 1 for path in paths},
-                   use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
-                   column_encoding={**{field.name: SORTED_IDS[field.name] for field in table.schema
-                                       if field.name in SORTED_IDS and pa.types.is_string(field.type)},
-                                    **{path: ROW_NUMBERS[path] for path in paths if path in ROW_NUMBERS}},
-                   dictionary_pagesize_limit=1 << 28, row_group_size=ROW_GROUP)
+    return dict(compression="zstd", write_statistics=False, store_schema=True,
+                compression_level={path: PROSE_LEVEL if path in PROSE else 1 for path in paths},
+                use_dictionary=[path for path in paths if path in DICTIONARY_ENCODED],
+                column_encoding={**{field.name: SORTED_IDS[field.name] for field in schema
+                                    if field.name in SORTED_IDS and pa.types.is_string(field.type)},
+                                 **{path: ROW_NUMBERS[path] for path in paths if path in ROW_NUMBERS}},
+                dictionary_pagesize_limit=1 << 28)
+
+
+def parquet_bytes(table: pa.Table) -> pa.Buffer:
+    """The file's bytes for `table`: Arrow's buffer, not a copy of it as `bytes`, so a large
+    table's file is held once while it is written."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=ROW_GROUP, **_parquet_options(table.schema))
     return sink.getvalue()
+
+
+def write_parquet_parts(path: Path, schema: pa.Schema, parts: Iterable[pa.Table]) -> None:
+    """The tables `parts` one after the other as one parquet file at `path`, each part a chunk of
+    its columns (the chunks' bounds move the pages' bounds: the same parts give the same bytes),
+    holding a row group at a time (at most `ROW_GROUP` rows) instead of the whole table."""
+    def write(tmp: str) -> None:
+        with pq.ParquetWriter(tmp, schema, **_parquet_options(schema)) as writer:
+            held: list[pa.Table] = []
+            rows, written = 0, False
+            for part in parts:
+                part = part.combine_chunks()
+                while part.num_rows:
+                    taken = part.slice(0, ROW_GROUP - rows)
+                    part = part.slice(taken.num_rows)
+                    held.append(taken)
+                    rows += taken.num_rows
+                    if rows == ROW_GROUP:
+                        writer.write_table(pa.concat_tables(held), row_group_size=ROW_GROUP)
+                        held, rows, written = [], 0, True
+            if rows or not written:  # an empty table is one empty group, as `write_parquet` writes it
+                writer.write_table(pa.concat_tables(held or [schema.empty_table()]), row_group_size=ROW_GROUP)
+
+    atomic_write_with(path, write)
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:

@@ -13,15 +13,21 @@ the folder goes at `close` (or, after a kill, at the next stage's `Spill`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import os
 import shutil
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 MB = 1_000_000
+SHARD_WIDTH = 3  # leading characters of a key that name its shard: an id's type letter, "_" and first hex digit
+SHARD_FLUSH_ROWS = 1 << 18  # rows gathered before they are filed: pieces of some thousand rows each
 AUTO_SHARE = 0.25  # of the machine's memory: the budget of `executor.memory_mb: auto`
 
 
@@ -107,3 +113,89 @@ class Spill:
     @property
     def spilled_mb(self) -> float:
         return round(self.spilled / MB, 1)
+
+
+class Shards:
+    """Rows of one schema filed by the first `SHARD_WIDTH` characters of a key, appended as they
+    come, and given back a shard at a time in the order of those characters: when a table is to
+    be sorted by the key (or grouped by it), each shard sorted (or grouped) alone, one after the
+    other, gives the same rows while holding a shard instead of the table. The rows go to a file
+    in `folder` (unlinked at once: nothing is left behind however the run ends; read back by
+    memory mapping, its pages the page cache's), or stay in memory without a folder."""
+
+    _count = itertools.count()
+
+    def __init__(self, folder: Path | None, schema: pa.Schema):
+        self.schema = schema
+        self._gathered: list[tuple[pa.Table, pa.Array]] = []
+        self._gathered_rows = 0
+        self._pieces: dict[str, list] = {}  # shard -> its pieces: (offset, size) in the file, or tables
+        self._file = None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{os.getpid()}-shards-{next(self._count)}"
+            self._file = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w+b")
+            path.unlink()
+        self.rows = 0
+        self.bytes = 0  # filed (in the file, or held in memory)
+
+    def add(self, table: pa.Table, key: pa.Array | pa.ChunkedArray) -> None:
+        """File `table`'s rows by `key` (a value per row)."""
+        if table.num_rows:
+            self._gathered.append((table, key))
+            self._gathered_rows += table.num_rows
+            if self._gathered_rows >= SHARD_FLUSH_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """File the rows gathered so far (before `shards` is read from two threads)."""
+        if not self._gathered:
+            return
+        table = pa.concat_tables([table for table, _ in self._gathered]).cast(self.schema)
+        key = pa.chunked_array([k for _, k in self._gathered], pa.string())
+        self._gathered, self._gathered_rows = [], 0
+        shard = pc.dictionary_encode(pc.utf8_slice_codeunits(key, 0, SHARD_WIDTH)).combine_chunks()
+        codes = shard.indices.to_numpy()
+        order = np.argsort(codes, kind="stable")  # within a shard, rows stay in the order they came
+        table = table.take(pa.array(order))
+        bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=len(shard.dictionary)))]
+        for code, name in enumerate(shard.dictionary.to_pylist()):
+            piece = table.slice(bounds[code], bounds[code + 1] - bounds[code])
+            self.rows += piece.num_rows
+            if self._file is None:
+                self._pieces.setdefault(name, []).append(piece)
+                self.bytes += piece.nbytes
+                continue
+            for batch in piece.to_batches():
+                message = batch.serialize()
+                self._pieces.setdefault(name, []).append((self._file.tell(), message.size))
+                self._file.write(message)
+                self.bytes += message.size
+
+    def shards(self, also: Iterable[str] = ()) -> Iterator[tuple[str, pa.Table]]:
+        """Each shard's name and rows (in the order they were added), in the order of the names,
+        with an empty table for each name in `also` that has no rows; what the process holds of a
+        shard read from the file is let go when the next is asked for. Can be read again until
+        `close`."""
+        self.flush()
+        whole = mapped = None
+        if self._file is not None and self.bytes:
+            self._file.flush()
+            whole = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            mapped = pa.py_buffer(whole)
+        for name in sorted(set(self._pieces) | set(also)):
+            pieces = self._pieces.get(name, [])
+            if self._file is None:
+                yield name, pa.concat_tables([self.schema.empty_table(), *pieces])
+                continue
+            yield name, pa.Table.from_batches([pa.ipc.read_record_batch(mapped.slice(offset, size), self.schema)
+                                               for offset, size in pieces], self.schema)
+            if whole is not None:  # the shard's pages unmapped from the process, still in the page cache
+                whole.madvise(mmap.MADV_DONTNEED)  # and the file: what the caller holds is read back if touched
+
+    def close(self) -> None:
+        """Let go of the file (its blocks go with the last mapping of them)."""
+        self._gathered, self._pieces = [], {}
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -438,11 +438,39 @@ def test_an_update_aggregates_only_the_changed_rows_into_a_full_aggregations_byt
         assert (fixed_width(last[0]["id"]) is None) == lengthened
 
 
-def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_ones():
-    """`decompose._kept_rows` and `_in_input_order`: the last run's rows of the inputs still present
-    (taken as runs, in several chunks as parquet reads them), with the fresh rows of new inputs that
-    sort before, between and after them, give the table and the parquet bytes of sorting every row;
-    the rows of the inputs gone are those left out; no fresh rows leaves the kept ones as they are."""
+def test_a_build_aggregates_each_node_and_edge_from_its_shard_into_a_whole_aggregations_bytes(tmp_path):
+    """`decompose.Rows.graph`: the rows filed in files by the node they mention and by the first end
+    of a link's pair, arriving in pieces and out of order, aggregated a shard at a time, give the
+    bytes `build_graph` gives from every row at once."""
+
+    from noderag_cli import nlp
+    from noderag_cli.engines.base import ChunkInput
+    from noderag_cli.engines.offline import decompose_chunk
+    from noderag_cli.files import parquet_bytes
+    from noderag_cli.index import decompose
+
+    texts = {p.name: p.read_text(encoding="utf-8") for p in sorted(SAMPLE_CORPUS.glob("*.*")) if p.suffix in {".md", ".txt"}}
+    units = {name: (name, decompose_chunk(ChunkInput(chunk_id=name, text=text, title=name)))
+             for name, text in texts.items()}
+    occurrences, links = decompose.unit_rows(units, nlp.count_tokens)
+    rows = decompose.Rows(tmp_path / "spill", (decompose.OCCURRENCE_SCHEMA.empty_table(),
+                                               decompose.LINK_SCHEMA.empty_table()), by_end=True)
+    for piece in reversed(range(0, max(occurrences.num_rows, links.num_rows), 37)):
+        rows.add(occurrences.slice(piece, 37), links.slice(piece, 37))
+    rows.flush()
+    assert min(len(list(shards.shards())) for shards in rows.by_end) > 4
+    expected = [parquet_bytes(t) for t in decompose.build_graph(occurrences, links)]
+    assert [parquet_bytes(t) for t in rows.graph()] == expected
+    rows.close()
+
+
+def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_ones(tmp_path):
+    """`decompose._kept_rows` and `Rows`: the last run's rows of the inputs still present (taken as
+    runs, in several chunks as parquet reads them), with the fresh rows of new inputs that sort
+    before, between and after them (filed in shards on disk, in memory without a folder), give the
+    table of sorting every row, and the file of a build that kept nothing and got every row fresh
+    in another order; the rows of the inputs gone are those left out; no fresh rows leaves the kept
+    ones as they are."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -465,14 +493,32 @@ def test_an_update_keeps_the_last_runs_rows_by_input_and_sorts_only_the_fresh_on
     stored = pq.read_table(pa.BufferReader(parquet_bytes(rows(last_names))))
     stored = pa.concat_tables([stored.slice(0, 7), stored.slice(7, 20), stored.slice(27)])  # runs across chunks
     links = decompose.LINK_SCHEMA.empty_table()
-    kept, _, known, gone = decompose._kept_rows((stored, links), present + fresh_names)
+    kept, kept_links, known, gone = decompose._kept_rows((stored, links), present + fresh_names)
     assert known == set(present)
     assert set(gone[0]["input"].to_pylist()) == {"b010", "b012", "b040"}
     fresh = rows(fresh_names)
-    parts = [fresh.slice(5), fresh.slice(0, 5)]  # as workers return them: not in order
-    merged = decompose._in_input_order(kept, parts)
-    assert merged.equals(expected) and parquet_bytes(merged) == parquet_bytes(expected)
-    assert decompose._in_input_order(kept, []).equals(expected.filter(pc.is_in(expected["input"], pa.array(present))))
+    files = {}
+    for folder in (None, tmp_path / "spill"):
+        update = decompose.Rows(folder, (kept, kept_links), by_end=False)
+        for part in (fresh.slice(5), fresh.slice(0, 5)):  # as workers return them: not in order
+            update.add(part, links)
+        assert pa.concat_tables(update.in_input_order(0)).equals(expected)
+        update.write((tmp_path / "occurrences.parquet", tmp_path / "links.parquet"))
+        files[folder] = (tmp_path / "occurrences.parquet").read_bytes()
+        assert pq.read_table(tmp_path / "occurrences.parquet").equals(decompose.with_version(expected))
+        update.close()
+    build = decompose.Rows(tmp_path / "spill", (stored.schema.empty_table(), links), by_end=True)
+    everything = rows(present + fresh_names)
+    for start in reversed(range(0, everything.num_rows, 4)):  # in another order, in other pieces
+        build.add(everything.slice(start, 4), links)
+    build.write((tmp_path / "occurrences.parquet", tmp_path / "links.parquet"))
+    assert (tmp_path / "occurrences.parquet").read_bytes() == files[None] == files[tmp_path / "spill"]
+    assert len(list(build.by_input[0].shards())) > 1  # the rows were sorted a shard at a time
+    build.close()
+    unchanged = decompose.Rows(None, (kept, kept_links), by_end=False)
+    assert pa.concat_tables([kept.schema.empty_table(), *unchanged.in_input_order(0)]).equals(
+        expected.filter(pc.is_in(expected["input"], pa.array(present))))
+    assert not list(os.scandir(tmp_path / "spill"))  # the shards' files are unlinked as soon as made
 
 
 def test_an_update_takes_the_last_builds_vectors_back_with_or_without_their_stored_digests(base, tmp_path):

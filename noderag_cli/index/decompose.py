@@ -17,7 +17,8 @@ the same tables as a fresh build, without re-reading or re-normalising unchanged
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -27,9 +28,11 @@ import pyarrow.compute as pc
 from .. import nlp
 from ..cache import DECOMPOSE, Cache
 from ..engines.base import ChunkInput, Engine, Failure, Unit
-from ..executor import Executor, release_memory
-from ..files import digest_text
+from ..executor import Executor
+from ..files import digest_text, write_parquet_parts
 from ..graph import (
+    EDGE_SCHEMA,
+    NODE_SCHEMA,
     edge_rows,
     entity_id,
     merge_edges,
@@ -39,7 +42,7 @@ from ..graph import (
     sorted_union,
     unit_id,
 )
-from ..ivf import in_parallel
+from ..spill import SHARD_WIDTH, Shards
 
 BATCH = 64
 ROWS_VERSION = 1  # of how units become rows: stored rows of another version are not reused
@@ -75,24 +78,102 @@ def input_key(name: str) -> str:
 
 
 class Decomposed(NamedTuple):
-    occurrences: pa.Table  # the rows of every chunk
-    links: pa.Table
+    rows: Rows  # the rows of every chunk
     failures: dict[str, str]  # reason per chunk id
     work: dict[str, int]  # distinct chunk inputs `cached` (rows kept, or units from the cache), `decomposed`
-    changed: tuple[pa.Table, pa.Table] | None  # with `previous`: the rows of the inputs gone and not kept
+    changed: tuple[pa.Table, pa.Table] | None  # when rows were kept from `previous`: those of the inputs gone and not kept
     checkpoints: list[str]  # the cache keys of the inputs whose rows were not kept (`forget_checkpoints`)
+
+
+class Rows:
+    """The occurrence and link rows of every chunk: the last run's rows that were kept (slices of
+    its tables, in (input, seq) order) and the fresh ones, filed as the workers return them
+    (`spill.Shards`, in files under `folder`) by input, to be sorted and written a shard at a time;
+    and, when nothing was kept (a graph aggregated from every row), by the node a row mentions and
+    by the first end of a link's pair, so each node and edge is aggregated from its shard alone.
+    The stage holds a shard at a time instead of every row (at 100,000 passages they take 0.9 GB
+    in Arrow)."""
+
+    def __init__(self, folder: Path | None, kept: tuple[pa.Table, pa.Table], by_end: bool):
+        self.kept = kept
+        self.by_input = (Shards(folder, OCCURRENCE_SCHEMA), Shards(folder, LINK_SCHEMA))
+        self.by_end = (Shards(folder, OCCURRENCE_SCHEMA), Shards(folder, LINK_SCHEMA)) if by_end else None
+
+    def add(self, occurrences: pa.Table, links: pa.Table) -> None:
+        self.by_input[0].add(occurrences, occurrences["input"])
+        self.by_input[1].add(links, links["input"])
+        if self.by_end is not None:
+            self.by_end[0].add(occurrences, occurrences["node"])
+            self.by_end[1].add(links, pc.if_else(pc.less(links["source"], links["target"]), links["source"],
+                                                 links["target"]))  # `merge_edges` orders a pair so
+
+    def flush(self) -> None:
+        for shards in self._all():
+            shards.flush()
+
+    def fresh(self) -> tuple[pa.Table, pa.Table]:
+        """The fresh occurrence and link rows, whole (an update's: some of the folder's)."""
+        return tuple(pa.concat_tables([shards.schema.empty_table(), *(t for _, t in shards.shards())])
+                     for shards in self.by_input)
+
+    def in_input_order(self, which: int) -> Iterator[pa.Table]:
+        """The occurrence (`which` 0) or link (1) rows in (input, seq) order, as `Table.sort_by`
+        sorts them, a shard at a time (each contiguous: `write` gives the same bytes for the same
+        rows, however they came). Only the fresh rows are sorted; each input's run of them goes in
+        between the kept runs where its name sorts, so an update of a large folder places 1% of the
+        rows instead of sorting all of them."""
+        kept = self.kept[which]
+        starts, ends, names = _input_runs(kept)
+        shard_of = pc.utf8_slice_codeunits(names, 0, SHARD_WIDTH).to_pylist()
+        first = {name: position for position, name in reversed(list(enumerate(shard_of)))}
+        last = {name: position for position, name in enumerate(shard_of)}
+        for name, fresh in self.by_input[which].shards(also=first):
+            mine = kept.slice(int(starts[first[name]]), int(ends[last[name]] - starts[first[name]])) \
+                if name in first else kept.schema.empty_table()
+            part = _in_input_order(mine, fresh)
+            if part.num_rows:
+                yield part
+
+    def write(self, paths: tuple[Path, Path]) -> None:
+        """The occurrence and link rows to their files, in (input, seq) order."""
+        for which, path in enumerate(paths):
+            write_parquet_parts(path, with_version(self.kept[which]).schema, self.in_input_order(which))
+
+    def graph(self) -> tuple[pa.Table, pa.Table]:
+        """`build_graph`'s tables from the rows filed by node and by an edge's first end."""
+        nodes = [nodes_from_mentions(shard) for _, shard in self.by_end[0].shards()]
+        edges = [merge_edges([edge_rows(shard["source"], shard["target"], shard["kind"])])
+                 for _, shard in self.by_end[1].shards()]
+        return _contiguous(nodes, NODE_SCHEMA), _contiguous(edges, EDGE_SCHEMA)
+
+    def close(self) -> None:
+        for shards in self._all():
+            shards.close()
+
+    def _all(self) -> tuple[Shards, ...]:
+        return (*self.by_input, *(self.by_end or ()))
+
+
+def _contiguous(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """`parts` (emptied: this holds them alone) as one table with a chunk per column, as a table
+    made whole is written (the bounds of chunks move the pages' bounds in parquet), a column at a
+    time: each column's parts let go as its copy is made."""
+    columns = {name: [part[name] for part in parts] for name in schema.names}
+    parts.clear()
+    return pa.table({name: pa.chunked_array(columns.pop(name), schema.field(name).type).combine_chunks()
+                     for name in schema.names}, schema=schema)
 
 
 def decompose_chunks(
     chunks: pa.Table, engine: Engine, cache: Cache, progress: Callable[[int], None] | None = None,
     previous: tuple[pa.Table, pa.Table] | None = None,
-    executor: Executor | None = None,
+    executor: Executor | None = None, spill_folder: Path | None = None,
 ) -> Decomposed:
-    """The occurrence and link rows of every chunk; failure reasons per chunk id; how many
-    distinct chunk inputs were `cached` (rows kept from `previous`, or units from the cache) and
-    how many the engine `decomposed` in this call; with `previous`, the rows that changed
-    (`updated_graph`'s `changed`: those of the inputs gone, and of those not kept); and the cache
-    keys of the inputs whose rows were made in this call.
+    """The occurrence and link rows of every chunk (`Rows`, filed in `spill_folder`); failure
+    reasons per chunk id; how many distinct chunk inputs were `cached` (rows kept from `previous`,
+    or units from the cache) and how many the engine `decomposed` in this call; when rows were kept
+    from `previous`, the rows that changed (`updated_graph`'s `changed`: those of the inputs gone,
+    and of those not kept); and the cache keys of the inputs whose rows were made in this call.
 
     The cache key is the engine's settings (name, model, sampling) with the chunk's title and
     text: the per-chunk status that lets an interrupted or incremental run pay only for chunks
@@ -133,8 +214,12 @@ def decompose_chunks(
     else:
         work += _decompose_here(engine, todo, cache, failures, progress)
 
+    rows = Rows(spill_folder, (kept_occurrences, kept_links), by_end=not known)
+
     def done(batch, result) -> None:
-        outcomes, _, _ = result
+        outcomes, occurrences, links = result
+        rows.add(occurrences, links)
+        result[1] = result[2] = None  # filed: let go
         fresh = []
         for (name, chunk_id, chunk, _), outcome in zip(batch, outcomes, strict=True):
             if chunk is None:
@@ -144,48 +229,30 @@ def decompose_chunks(
             else:
                 fresh.append((key_of[name], outcome))
         cache.put_many(DECOMPOSE, fresh)
-        outcomes.clear()  # cached: only the rows are kept to the end (at 200,000 passages ~2 GB less)
+        outcomes.clear()  # cached: let go
         if progress and any(item[2] is not None for item in batch):
             progress(sum(item[2] is not None for item in batch))
 
     batches = [work[i : i + BATCH] for i in range(0, len(work), BATCH)]
     del work
-    results = executor.map(rows_of_batch, batches, done)
-    changed = None if previous is None else \
-        tuple(pa.concat_tables([gone[i], *(r[i + 1] for r in results)]) for i in (0, 1))
-    occurrence_parts = [r[1] for r in results]
-    link_parts = [r[2] for r in results]
-    del results, batches  # the lists of parts alone hold the fresh rows now
-    return Decomposed(_in_input_order(kept_occurrences, occurrence_parts), _in_input_order(kept_links, link_parts),
-                      failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed,
+    executor.map(rows_of_batch, batches, done)
+    rows.flush()
+    changed = None
+    if known:
+        fresh = rows.fresh()
+        changed = tuple(pa.concat_tables([gone[i], fresh[i]]) for i in (0, 1))
+    return Decomposed(rows, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed,
                       [key for _, key, _ in pending])
 
 
-def _in_input_order(kept: pa.Table, fresh: list[pa.Table]) -> pa.Table:
-    """The rows of `kept` (the last run's, in (input, seq) order) and of `fresh` (emptied: this holds
-    them alone; no input of theirs is in `kept`) sorted by (input, seq), as `Table.sort_by` sorts
-    them. Only the fresh rows are sorted; each input's run of them goes in between the kept runs
-    where its name sorts, so an update of a large folder places 1% of the rows instead of sorting
-    all of them. The result is made contiguous a column at a time on each core (its parquet bytes are
-    then those of a sorted table), each chunked column let go as its copy is made: the rows are held
-    about once, not twice (the tables of a large folder's mentions are the decompose stage's largest)."""
-    table = pa.concat_tables([kept.schema.empty_table(), *fresh])
-    fresh.clear()
-    order = pc.sort_indices(table, sort_keys=[("input", "ascending"), ("seq", "ascending")])
-    for position, name in enumerate(table.column_names):
-        table = table.set_column(position, name, table[name].take(order))
+def _in_input_order(kept: pa.Table, fresh: pa.Table) -> pa.Table:
+    """The rows of `kept` (in (input, seq) order) and of `fresh` (no input of theirs is in
+    `kept`), sorted by (input, seq), contiguous."""
+    order = pc.sort_indices(fresh, sort_keys=[("input", "ascending"), ("seq", "ascending")])
+    table = fresh.take(order)
     if kept.num_rows:
         table = _between_runs(kept, table) if table.num_rows else kept
-    columns = dict(zip(table.column_names, table.columns, strict=True))
-    del table
-
-    def contiguous(name: str) -> pa.Array:
-        return columns.pop(name).combine_chunks()  # the chunked column let go as its copy is made
-
-    names = list(columns)
-    combined = in_parallel(contiguous, names)  # Arrow copies without the GIL: a column a core
-    release_memory()  # the unsorted rows came from workers, into glibc's heap: 1.3 GB at 200,000 passages
-    return pa.table(dict(zip(names, combined, strict=True)), schema=kept.schema)
+    return table.combine_chunks()
 
 
 def _input_runs(table: pa.Table) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -307,7 +374,7 @@ def rows_of_batch(batch: list[tuple[str, str, ChunkInput | None, list[Unit] | No
     occurrences, links = unit_rows(units, nlp.count_tokens)
     made = [None if chunk is None else outcome if isinstance(outcome, Failure) else _dump_units(outcome)
             for (_, _, chunk, _), outcome in zip(batch, outcomes, strict=True)]
-    return made, occurrences, links
+    return [made, occurrences, links]  # a list: `done` lets go of the rows once filed
 
 
 def _dump_units(units: list[Unit]) -> bytes:

@@ -364,20 +364,27 @@ def _decompose(run: StageRun) -> dict:
     run.reporter.stage_started(run.stage.name, chunks.num_rows)
     rows_paths = (run.path(OCCURRENCES.file), run.path(LINKS.file))
     kept = [run.last(o.file) for o in (OCCURRENCES, LINKS)]
-    occurrences, links, failures, work, changed, checkpoints = decompose.decompose_chunks(
+    spill = run.spill()
+    rows, failures, work, changed, checkpoints = decompose.decompose_chunks(
         chunks, run.engine, run.ws.cache, run.reporter.advance,
-        decompose.stored_rows(*kept) if all(t is not None for t in kept) else None, run.executor,
+        decompose.stored_rows(*kept) if all(t is not None for t in kept) else None, run.executor, spill.folder,
     )
     del kept
     last = [run.last(name) for name in (NODES, EDGES)] if changed is not None else [None]
     # each write goes on beside the work that follows it (Arrow encodes without the interpreter)
     with ThreadPoolExecutor(1) as pool:
-        rows_written = pool.submit(write_parquets, {path: decompose.with_version(table) for path, table
-                                                    in zip(rows_paths, (occurrences, links), strict=True)})
-        nodes, edges = decompose.updated_graph(occurrences, links, last, changed) \
-            if all(t is not None for t in last) else decompose.build_graph(occurrences, links)
+        rows_written = pool.submit(rows.write, rows_paths)
+        if changed is None:
+            nodes, edges = rows.graph()
+        else:
+            whole = [pa.concat_tables([kept, fresh]) for kept, fresh in zip(rows.kept, rows.fresh(), strict=True)]
+            nodes, edges = decompose.updated_graph(*whole, last, changed) if all(t is not None for t in last) \
+                else decompose.build_graph(*whole)
+            del whole
         rows_written.result()
-        del occurrences, links  # the stage's largest tables: let go before the vectors are made
+        rows.close()
+        spill.close()
+        del rows  # the stage's largest tables: let go before the vectors are made
         release_memory()
         committed = pool.submit(run.commit_graph, nodes, edges, failures)
         # every new S and T vector now, while the units are at hand: K-means and the embed stage find
