@@ -152,7 +152,8 @@ class Shards:
         if not self._gathered:
             return
         table = pa.concat_tables([table for table, _ in self._gathered]).cast(self.schema)
-        key = pa.chunked_array([k for _, k in self._gathered], pa.string())
+        key = pa.chunked_array([chunk for _, k in self._gathered
+                                for chunk in (k.chunks if isinstance(k, pa.ChunkedArray) else [k])], pa.string())
         self._gathered, self._gathered_rows = [], 0
         shard = pc.dictionary_encode(pc.utf8_slice_codeunits(key, 0, SHARD_WIDTH)).combine_chunks()
         codes = shard.indices.to_numpy()

@@ -158,7 +158,7 @@ def _contiguous(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
     """`parts` (emptied: this holds them alone) as one table with a chunk per column, as a table
     made whole is written (the bounds of chunks move the pages' bounds in parquet), a column at a
     time: each column's parts let go as its copy is made."""
-    columns = {name: [part[name] for part in parts] for name in schema.names}
+    columns = {name: [chunk for part in parts for chunk in part[name].chunks] for name in schema.names}
     parts.clear()
     return pa.table({name: pa.chunked_array(columns.pop(name), schema.field(name).type).combine_chunks()
                      for name in schema.names}, schema=schema)
