@@ -136,8 +136,7 @@ class Shards:
             path = folder / f"{os.getpid()}-shards-{next(self._count)}"
             self._file = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w+b")
             path.unlink()
-        self.rows = 0
-        self.bytes = 0  # filed (in the file, or held in memory)
+        self._bytes = 0  # in the file
 
     def add(self, table: pa.Table, key: pa.Array | pa.ChunkedArray) -> None:
         """File `table`'s rows by `key` (a value per row)."""
@@ -162,16 +161,14 @@ class Shards:
         bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=len(shard.dictionary)))]
         for code, name in enumerate(shard.dictionary.to_pylist()):
             piece = table.slice(bounds[code], bounds[code + 1] - bounds[code])
-            self.rows += piece.num_rows
             if self._file is None:
                 self._pieces.setdefault(name, []).append(piece)
-                self.bytes += piece.nbytes
                 continue
             for batch in piece.to_batches():
                 message = batch.serialize()
                 self._pieces.setdefault(name, []).append((self._file.tell(), message.size))
                 self._file.write(message)
-                self.bytes += message.size
+                self._bytes += message.size
 
     def shards(self, also: Iterable[str] = ()) -> Iterator[tuple[str, pa.Table]]:
         """Each shard's name and rows (in the order they were added), in the order of the names,
@@ -180,7 +177,7 @@ class Shards:
         `close`."""
         self.flush()
         whole = mapped = None
-        if self._file is not None and self.bytes:
+        if self._file is not None and self._bytes:
             self._file.flush()
             whole = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
             mapped = pa.py_buffer(whole)
@@ -191,8 +188,9 @@ class Shards:
                 continue
             yield name, pa.Table.from_batches([pa.ipc.read_record_batch(mapped.slice(offset, size), self.schema)
                                                for offset, size in pieces], self.schema)
-            if whole is not None:  # the shard's pages unmapped from the process, still in the page cache
-                whole.madvise(mmap.MADV_DONTNEED)  # and the file: what the caller holds is read back if touched
+            if whole is not None:  # the shard's pages unmapped from the process, still in the page cache and
+                with contextlib.suppress(AttributeError, ValueError, OSError):  # the file: what the caller
+                    whole.madvise(mmap.MADV_DONTNEED)  # holds of them is read back if touched
 
     def close(self) -> None:
         """Let go of the file (its blocks go with the last mapping of them)."""
