@@ -91,8 +91,8 @@ def counts(nodes: pa.Table, edges: EdgeArrays) -> dict:
     by_kind = np.bincount(edges.kind, minlength=len(EDGE_KINDS))
     return {"nodes": by_type,
             "vectors": int(pc.sum(pc.greater_equal(nodes["vector_row"], 0)).as_py() or 0),
-            "edges": {"by_kind": {kind: int(by_kind[EDGE_KINDS.index(kind)]) for kind in sorted(EDGE_KINDS)
-                                  if by_kind[EDGE_KINDS.index(kind)]},
+            "edges": {"by_kind": {kind: int(count) for kind, count in sorted(zip(EDGE_KINDS, by_kind, strict=True))
+                                  if count},
                       "hnsw": int(edges.hnsw.sum()),
                       "non_hnsw": int(len(edges.kind) - by_kind[EDGE_KINDS.index("similarity")]),
                       "merged_total": len(edges.kind)}}

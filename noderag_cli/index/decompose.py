@@ -16,6 +16,7 @@ the same tables as a fresh build, without re-reading or re-normalising unchanged
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -111,6 +112,7 @@ class Rows:
         for shards in self._all():
             shards.flush()
 
+    @functools.cached_property
     def fresh(self) -> tuple[pa.Table, pa.Table]:
         """The fresh occurrence and link rows, whole (an update's: some of the folder's)."""
         return tuple(pa.concat_tables([shards.schema.empty_table(), *(t for _, t in shards.shards())])
@@ -139,8 +141,14 @@ class Rows:
         for which, path in enumerate(paths):
             write_parquet_parts(path, with_version(self.kept[which]).schema, self.in_input_order(which))
 
-    def graph(self) -> tuple[pa.Table, pa.Table]:
-        """`build_graph`'s tables from the rows filed by node and by an edge's first end."""
+    def graph(self, last: tuple[pa.Table, pa.Table] | None = None, changed: tuple[pa.Table, pa.Table] | None = None
+              ) -> tuple[pa.Table, pa.Table]:
+        """`build_graph`'s tables: when nothing was kept, from the rows filed by node and by an
+        edge's first end, a shard at a time; else `updated_graph`'s from the `last` tables (if there
+        are) by the `changed` rows."""
+        if self.by_end is None:
+            whole = [pa.concat_tables([kept, fresh]) for kept, fresh in zip(self.kept, self.fresh, strict=True)]
+            return updated_graph(*whole, last, changed) if last is not None else build_graph(*whole)
         nodes = [nodes_from_mentions(shard) for _, shard in self.by_end[0].shards()]
         edges = [merge_edges([edge_rows(shard["source"], shard["target"], shard["kind"])])
                  for _, shard in self.by_end[1].shards()]
@@ -239,8 +247,7 @@ def decompose_chunks(
     rows.flush()
     changed = None
     if known:
-        fresh = rows.fresh()
-        changed = tuple(pa.concat_tables([gone[i], fresh[i]]) for i in (0, 1))
+        changed = tuple(pa.concat_tables([gone[i], rows.fresh[i]]) for i in (0, 1))
     return Decomposed(rows, failures, {"cached": len(inputs) - len(todo), "decomposed": len(todo)}, changed,
                       [key for _, key, _ in pending])
 

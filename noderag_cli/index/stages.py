@@ -370,17 +370,11 @@ def _decompose(run: StageRun) -> dict:
         decompose.stored_rows(*kept) if all(t is not None for t in kept) else None, run.executor, spill.folder,
     )
     del kept
-    last = [run.last(name) for name in (NODES, EDGES)] if changed is not None else [None]
+    last = tuple(run.last(name) for name in (NODES, EDGES)) if changed is not None else (None,)
     # each write goes on beside the work that follows it (Arrow encodes without the interpreter)
     with ThreadPoolExecutor(1) as pool:
         rows_written = pool.submit(rows.write, rows_paths)
-        if changed is None:
-            nodes, edges = rows.graph()
-        else:
-            whole = [pa.concat_tables([kept, fresh]) for kept, fresh in zip(rows.kept, rows.fresh(), strict=True)]
-            nodes, edges = decompose.updated_graph(*whole, last, changed) if all(t is not None for t in last) \
-                else decompose.build_graph(*whole)
-            del whole
+        nodes, edges = rows.graph(last if all(t is not None for t in last) else None, changed)
         rows_written.result()
         rows.close()
         spill.close()
