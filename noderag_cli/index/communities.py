@@ -70,12 +70,16 @@ def leiden_labels(n: int, rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     if n == 0:
         return np.zeros(0, dtype=np.int32)
     ig = _igraph()
-    g = ig.Graph(n=n, edges=np.column_stack([rows, cols]).astype(np.int64), directed=False)
-    g.es["weight"] = np.asarray(weights, dtype=np.float64)
+    # the edges added to an empty graph, the weights handed to the call instead of kept as an edge
+    # attribute: the constructor's conversion of an edge array and a Python float per edge are
+    # the largest temporaries of the step, for the same graph and labels
+    g = ig.Graph(n=n, directed=False)
+    g.add_edges(np.column_stack([rows, cols]))
     ig.set_random_number_generator(random.Random(seed))
     try:
         clustering = g.community_leiden(
-            objective_function="modularity", weights="weight", resolution=resolution, n_iterations=iterations
+            objective_function="modularity", weights=np.asarray(weights, dtype=np.float64), resolution=resolution,
+            n_iterations=iterations,
         )
     finally:
         ig.set_random_number_generator(random)
@@ -196,20 +200,26 @@ def _shown_by_anchor(membership: np.ndarray, texts: list[str], content: np.ndarr
     return shown
 
 
+def membership(graph: Graph, anchor: Anchor | None, seed: int, resolution: float) -> np.ndarray:
+    """Community label per node of `graph`: Leiden (`leiden`), or with an `anchor` its communities
+    kept (`anchored`). Found from the graph alone, before the stage reads its nodes' texts: Leiden's
+    copy of the graph is the stage's largest structure."""
+    return anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
+        leiden(graph, seed, resolution)
+
+
 def run(
-    nodes: pa.Table, graph: Graph, engine: Engine, embedder: Embedder, seed: int, resolution: float,
+    nodes: pa.Table, graph: Graph, membership: np.ndarray, engine: Engine, embedder: Embedder, seed: int,
     max_tokens: int, leaf_tokens: int, progress: Callable[[int], None] | None = None,
     count_tokens: Callable[[list[str]], list[int]] = nlp.count_tokens, anchor: Anchor | None = None,
     resummarize_share: float = 0.0,
 ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str], pa.Table, pa.Table]:
     """H and O nodes, H-O/H-S/H-A edges, the community of every input node, failures, the
     summaries record and the semantic matching's K-means centroids (`anchor.py`), from the S, N,
-    R, A `nodes` (sorted by id; their texts, tokens and chunks are read) and their `graph`. A community's elements
-    are written in parts of about `leaf_tokens` (index/summaries.py). With an `anchor`, its
-    communities stay (`anchored`), and one whose shown texts changed by at most
-    `resummarize_share` since its elements were written keeps them, and nothing is asked."""
-    membership = anchored(graph, anchor.node_ids, anchor.node_labels, seed, resolution) if anchor else \
-        leiden(graph, seed, resolution)
+    R, A `nodes` (sorted by id; their texts, tokens and chunks are read), their `graph` and the
+    community of each of its nodes (`membership()`). A community's elements are written in parts
+    of about `leaf_tokens` (index/summaries.py). With an `anchor`, one whose shown texts changed by
+    at most `resummarize_share` since its elements were written keeps them, and nothing is asked."""
     content = np.flatnonzero(np.isin(graph.types, COMMUNITY_CONTENT_TYPES))
     # the texts of the nodes a community may show (S and A) only, in `content` order, as Python
     # objects (those of every node were about a gigabyte at 200,000 passages); chunks, below, of

@@ -416,12 +416,18 @@ def _attributes(run: StageRun) -> dict:
 
 def _communities(run: StageRun) -> dict:
     g = run.config.graph
-    nodes = run.nodes(DECOMPOSE_NODES, ATTRIBUTE_NODES).sort_by("id")  # one copy: sorted
-    graph = Graph.from_tables(nodes, run.edges(DECOMPOSE_EDGES, ATTRIBUTE_EDGES))  # the edge table let go once in it
+    node_outputs = (DECOMPOSE_NODES, ATTRIBUTE_NODES)
+    ids = pa.concat_tables([run.read(output, ["id", "type"]) for output in node_outputs])
+    by_id = pc.sort_indices(ids, [("id", "ascending")])
+    graph = Graph.from_tables(ids.take(by_id), run.edges(DECOMPOSE_EDGES, ATTRIBUTE_EDGES))  # edges let go once in it
+    del ids
     run.reporter.stage_started(run.stage.name, None)
     kept_against, why = run.load_anchor()
+    membership = communities.membership(graph, kept_against, g.seed, g.leiden_resolution)
+    release_memory()  # what Leiden freed, before the texts are read (into Arrow's pool, not the heap it freed)
+    nodes = run.nodes(*node_outputs).take(by_id)  # read once the communities are found, sorted (one copy)
     new_nodes, new_edges, assignments, failures, summaries, centroids = communities.run(
-        nodes, graph, run.engine, run.embedder, g.seed, g.leiden_resolution, g.max_community_tokens,
+        nodes, graph, membership, run.engine, run.embedder, g.seed, g.max_community_tokens,
         g.summary_leaf_tokens, run.reporter.advance, run.count_tokens(), anchor=kept_against,
         resummarize_share=run.config.index.resummarize_share,
     )
