@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from .config import EmbeddingConfig
 from .errors import ConfigError, EngineError, SpendingCapError, WorkspaceError
 from .executor import Executor
 from .ivf import STORED_DTYPE, in_parallel, on_stored_grid
+from .spill import Spill, release
 
 POOLING = "pool-own-tokens"  # part of the cache key: vectors pooled otherwise are not mixed in
 STORED = "fp16"  # part of a vector's identity: rounded to the precision a build stores (ivf.on_stored_grid)
@@ -220,9 +222,22 @@ class VectorMemory:
 
     def __init__(self, dim: int):
         self.dim = dim
+        self._spill: Spill | None = None  # where the blocks go when not in memory (`hold_in_files`)
         self.clear()
 
+    def hold_in_files(self, folder: Path) -> None:
+        """The blocks made from now on in files under `folder` (`spill.Spill.always`), each one's
+        pages let go from the process once written or read: for a run not expected to fit its
+        memory budget, which holds these vectors through four stages."""
+        self._spill = Spill.always(folder)
+
+    @property
+    def spilled_mb(self) -> float:
+        return self._spill.spilled_mb if self._spill is not None else 0.0
+
     def clear(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
         self._keys = np.zeros(0, "S16")  # sorted
         self._rows = np.zeros(0, np.int64)  # per key, its row
         self._recent: dict[bytes, int] = {}  # digests not sorted in yet, and their rows
@@ -271,12 +286,15 @@ class VectorMemory:
         done = 0
         while done < len(vectors):
             if not self._open:
-                self._blocks.append(np.empty((MEMORY_BLOCK, self.dim), STORED_DTYPE))
+                shape = (MEMORY_BLOCK, self.dim)
+                self._blocks.append(self._spill.empty(shape, STORED_DTYPE) if self._spill else
+                                    np.empty(shape, STORED_DTYPE))
                 self._starts.append(self.size)
                 self._open = MEMORY_BLOCK
             block, used = self._blocks[-1], MEMORY_BLOCK - self._open
             part = vectors[done : done + self._open]
             block[used : used + len(part)] = part
+            release(block)
             self._open -= len(part)
             done += len(part)
             self.size += len(part)
@@ -292,6 +310,7 @@ class VectorMemory:
             if high > low:
                 picked = order[low:high]
                 out[picked] = self._blocks[number][rows[picked] - starts[number]]
+                release(self._blocks[number])
         return out
 
 
@@ -335,6 +354,16 @@ class Embedder:
     def forget(self) -> None:
         """Let go of the vectors in memory (once the embed stage has written them all)."""
         self._memory.clear()
+
+    def hold_in_files(self, folder: Path) -> None:
+        """The vectors this embedder holds from now on in files under `folder`, not in the process
+        (`VectorMemory.hold_in_files`)."""
+        self._memory.hold_in_files(folder)
+
+    @property
+    def spilled_mb(self) -> float:
+        """Megabytes of vectors this embedder has held in files (`hold_in_files`)."""
+        return self._memory.spilled_mb
 
     def remember(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Take vectors this embedder made earlier (same `vector_id`) into its memory, by the

@@ -52,7 +52,17 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def release(array: np.ndarray) -> None:
+    """Unmap a spilled array's pages from this process (nothing for an array in memory): they stay
+    in the page cache and the file, read back when touched again."""
+    if isinstance(array, np.memmap):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            array._mmap.madvise(mmap.MADV_DONTNEED)
+
+
 class Spill:
+    _count = itertools.count()  # names its files: several spills of one process share the folder
+
     def __init__(self, folder: Path | None, budget_mb: float):
         """`budget_mb`: megabytes of arrays this spill keeps in memory (0: no limit, nothing
         spilled; `budget_mb` reads the setting); past it, arrays are files in `folder`."""
@@ -69,6 +79,14 @@ class Spill:
         """No budget: every array in memory (a function called without a stage's spill)."""
         return cls(None, 0)
 
+    @classmethod
+    def always(cls, folder: Path) -> Spill:
+        """Every array in a file: for arrays a run holds across its stages when it is not expected
+        to fit its budget (an embedder's vectors, `VectorMemory`)."""
+        spill = cls(folder, 0)
+        spill.budget = -1  # below any size
+        return spill
+
     def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialised array, in memory while the budget allows it, else in a file."""
         dtype = np.dtype(dtype)
@@ -77,7 +95,7 @@ class Spill:
             self.held += size
             return np.empty(shape, dtype)
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{os.getpid()}-{len(self._maps)}"
+        path = self.folder / f"{os.getpid()}-{next(self._count)}"
         handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:  # its blocks taken now: a full disk is an error here (ENOSPC, which `index` reports), not a
             os.posix_fallocate(handle, 0, size)  # crash when a page is first written
@@ -100,8 +118,7 @@ class Spill:
         """Unmap the spilled arrays' pages from this process: they stay in the page cache (and the
         file), to be read back when touched again."""
         for array in self._maps:
-            with contextlib.suppress(AttributeError, ValueError, OSError):
-                array._mmap.madvise(mmap.MADV_DONTNEED)
+            release(array)
 
     def close(self) -> None:
         """Forget the spilled arrays (their files go with the last reference to them)."""

@@ -529,8 +529,9 @@ def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_t
     workspace = tmp_path / "ws"
     run = index(workspace, SAMPLE_CORPUS, "--config", config).json()
     assert run["stages"]["similarity"]["spilled_mb"] > 0
-    assert "spilled_mb" not in index(tmp_path / "unspilled", SAMPLE_CORPUS, "--config", clustered_config).json()[
-        "stages"]["similarity"]  # the control: no budget, nothing spilled
+    assert run["stages"]["embed"]["spilled_mb"] > 0  # the vectors the stages before it made, held in files
+    unspilled = index(tmp_path / "unspilled", SAMPLE_CORPUS, "--config", clustered_config).json()["stages"]
+    assert "spilled_mb" not in unspilled["similarity"] and "spilled_mb" not in unspilled["embed"]  # no budget
     assert_same_tables(workspace, clustered_build)
     contents = [json.loads(build_file(w, "manifest.json").read_text())["contents"] for w in (workspace, clustered_build)]
     assert contents[0] == contents[1]
@@ -551,6 +552,29 @@ def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_t
     assert np.array_equal(spilled.candidates, held.candidates) and np.array_equal(spilled.kept, held.kept)
     assert list((tmp_path / ".spill").iterdir()) == []  # mapped, already unlinked
     spill.close()
+    assert not (tmp_path / ".spill").exists()
+
+
+def test_an_embedders_vectors_held_in_files_are_the_vectors_held_in_memory(tmp_path):
+    """`VectorMemory.hold_in_files` (a run not expected to fit its budget): vectors added in pieces
+    across blocks come back the same as from memory, whatever rows are asked in whatever order, the
+    files are unlinked as soon as made, and clearing the memory lets the folder go."""
+    from noderag_cli.embeddings import MEMORY_BLOCK, VectorMemory
+
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((2 * MEMORY_BLOCK + 999, 8)).astype(np.float16)
+    keys = VectorMemory.digests([f"text {i}" for i in range(len(vectors))])
+    held, filed = VectorMemory(8), VectorMemory(8)
+    filed.hold_in_files(tmp_path / ".spill")
+    for memory in (held, filed):
+        for start in range(0, len(vectors), 40_000):
+            memory.add(keys[start : start + 40_000], vectors[start : start + 40_000])
+    assert filed.spilled_mb == round(3 * MEMORY_BLOCK * 8 * 2 / 1e6, 1) and held.spilled_mb == 0  # three blocks
+    assert list((tmp_path / ".spill").iterdir()) == []  # mapped, already unlinked
+    asked = rng.permutation(len(vectors))[:50_000]
+    for memory in (held, filed):
+        assert np.array_equal(memory.take(memory.find(keys[asked])), vectors[asked])
+    filed.clear()
     assert not (tmp_path / ".spill").exists()
 
 

@@ -262,6 +262,8 @@ def run_pipeline(
         input_bytes = sum(f.size for f in readable)
         # a run expected to fit its memory budget keeps what it frees and the tables it reads
         tables = {} if memory_fits(input_bytes, config.executor.memory_mb) else None
+        if tables is None:
+            embedder.hold_in_files(ws.spill_dir)
         with keeping_memory_if_it_fits(input_bytes, config.executor.memory_mb):
             _run_stages(ws, files, config, engine, embedder, reporter, stop_after, manifest, digests, executor,
                         scan, result, log, rebuild, anchor_from, tables)

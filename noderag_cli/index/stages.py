@@ -457,10 +457,11 @@ def _embed(run: StageRun) -> dict:
     nodes = run.nodes(*NODE_OUTPUTS)
     run.reporter.stage_started(run.stage.name, None)
     ids, index = embed.run(nodes, run.embedder)
+    spilled = run.embedder.spilled_mb  # the run's vectors held in files until now (a run over its memory budget)
     run.embedder.forget()  # every vector is in the index now; the stages after read them from its file
     run.write(VECTOR_IDS.file, ids)
     atomic_write_with(run.path(VECTORS.file), lambda name: faiss.write_index(index, name))
-    return {"vectors": ids.num_rows, "dim": index.d}
+    return {"vectors": ids.num_rows, "dim": index.d, **({"spilled_mb": spilled} if spilled else {})}
 
 
 def _similarity(run: StageRun) -> dict:
