@@ -41,6 +41,37 @@ def test_a_read_the_stage_did_not_declare_stops_the_run(tmp_path, monkeypatch):
         api.index(tmp_path / "ws", corpus)
 
 
+def test_the_scanned_files_are_let_go_once_no_stage_left_reads_the_input(tmp_path, monkeypatch):
+    """The scan's record of each file (a text file's text with it) is held for the chunk stage, the
+    one stage that reads the input folder, and by nothing once it is done: every later stage runs
+    without them, and the build is the same."""
+    import gc
+    import weakref
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    scanned, alive_after = [], []
+    chunk, decompose = BY_NAME["chunk"], BY_NAME["decompose"]
+
+    def chunk_watched(run):
+        scanned.extend(weakref.ref(f) for f in run.files)
+        return chunk.run(run)
+
+    def decompose_watched(run):
+        gc.collect()
+        alive_after.extend(ref() for ref in scanned if ref() is not None)
+        return decompose.run(run)
+
+    watched = {chunk: dataclasses.replace(chunk, run=chunk_watched),
+               decompose: dataclasses.replace(decompose, run=decompose_watched)}
+    monkeypatch.setattr(pipeline, "STAGES", tuple(watched.get(s, s) for s in STAGES))
+    api.index(tmp_path / "ws", corpus)
+    assert len(scanned) == len([p for p in corpus.rglob("*") if p.suffix in (".md", ".txt")]) and alive_after == []
+    monkeypatch.undo()
+    api.index(tmp_path / "control", corpus)
+    assert_same_tables(tmp_path / "ws", tmp_path / "control")
+
+
 def test_a_new_stage_is_rerun_when_a_file_it_declares_changes_and_only_then(tmp_path):
     """No second list: a stage's declared inputs are what its fingerprint watches, file by file."""
     extra = Stage("extra", lambda run: {}, inputs=(CHUNK_IDS, DECOMPOSE_NODES))

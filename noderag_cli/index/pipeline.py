@@ -260,6 +260,7 @@ def run_pipeline(
         engine_log.addHandler(handler)
     try:
         input_bytes = sum(f.size for f in readable)
+        del readable  # the scanned files are let go once the stages that read them are done (`_run_each_stage`)
         # a run expected to fit its memory budget keeps what it frees and the tables it reads
         tables = {} if memory_fits(input_bytes, config.executor.memory_mb) else None
         if tables is None:
@@ -307,6 +308,8 @@ def _run_each_stage(ws: Workspace, files: list, config: Config, engine: Engine, 
                     executor: Executor, scan: str, result: IndexResult, log, rebuild: bool,
                     anchor_from: Workspace | None, tables: dict | None, ahead: ReadAhead | None) -> None:
     for number, stage in enumerate(STAGES):
+        if not any(later.reads_input for later in STAGES[number:]):
+            files.clear()  # the scan's record of every file, a text file's text with it: over 1 KB a file
         keep_tables_for(tables, STAGES[number:])
         settings = settings_digest(config, engine.identity, stage)
         entry = manifest.entry(stage.name)
