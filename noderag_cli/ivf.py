@@ -32,6 +32,7 @@ from threadpoolctl import threadpool_limits
 QUANT = 2048
 BLOCK = 2048  # rows scored against the centroids at a time
 BUCKET = 256  # vectors per cluster, on average
+SAMPLE_PER_CLUSTER = 32  # vectors `train` draws per cluster to train on
 
 
 def quantised(vectors: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -121,7 +122,7 @@ def nearest(grid: np.ndarray, centroids: np.ndarray, count: int) -> np.ndarray:
 
 
 def train(grid: np.ndarray, hashes: np.ndarray, n_clusters: int, iterations: int = 8,
-          sample_per_cluster: int = 32) -> np.ndarray:
+          sample_per_cluster: int = SAMPLE_PER_CLUSTER) -> np.ndarray:
     """k-means centroids on the grid (grid-valued float32), exactly reproducible: seeded by the
     `n_clusters` lowest-hashing vectors, trained on the `sample_per_cluster x n_clusters`
     lowest-hashing ones. A centroid that loses every member stays where it was."""

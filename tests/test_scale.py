@@ -221,6 +221,24 @@ def test_an_update_takes_unchanged_vectors_clusters_from_the_earlier_build(tmp_p
             assert np.array_equal(after.array("cluster_rows"), after.array("scanned_rows")[members])
 
 
+def test_the_vector_sides_clusters_are_those_of_the_whole_grid_made_a_block_at_a_time(monkeypatch):
+    """`vector_clusters` trains on the vectors `ivf.train` draws alone and puts the rest on the grid a
+    block at a time: the centroids and members of training and assigning on the grid of them all."""
+    from noderag_cli.search import prepare
+
+    rng = np.random.default_rng(11)
+    vectors = rng.standard_normal((9000, 16)).astype(np.float32)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(ivf.STORED_DTYPE)
+    rows = np.sort(rng.choice(len(vectors), 7000, replace=False))
+    names = [f"S_{i:05x}" for i in rows.tolist()]
+    whole = ivf.Clusters.build(prepare._grid(vectors, rows), names, 42, ivf.BUCKET, 1, 1)
+    monkeypatch.setattr(prepare, "GRID_ROWS", 1000)
+    centroids, indptr, members = prepare.vector_clusters(vectors, names, 42, rows=rows)
+    assert len(centroids) == len(whole.centroids) > 20
+    assert np.array_equal(centroids, (whole.centroids / np.float32(ivf.QUANT)).astype(np.float32))
+    assert [a.tolist() for a in whole.members()] == [indptr.tolist(), members.tolist()]
+
+
 def test_clustered_vector_side_finds_what_the_scan_finds(clustered_build, tmp_path):
     """With every cluster probed, the clustered vector side returns exactly the scan's top k; with
     a few, each result is a true cosine and a subset of the scan's candidates."""

@@ -29,6 +29,7 @@ size, and a question reads only the pages it touches.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ SCANNED = ("S", "A", "H")  # the vector side of dual search (spec §3.1)
 IS_LED = np.isin(np.arange(len(TYPE_CODE)), [TYPE_CODE["A"], TYPE_CODE["H"]])  # by type code
 KEY_IDS = "blake2b-64"  # what a build's sentence-key ids are (`context.sentence_key_hash`): only such are reused
 TEXT_BLOCK = 65_536  # nodes whose texts are turned into Python strings at a time
+GRID_ROWS = 65_536  # vectors put on the grid at a time to find their nearest centroid
 WALK_ARRAYS = ("walk_indptr", "walk_indices", "walk_weights")
 
 
@@ -467,6 +469,14 @@ def _grid(vectors: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _nearest_centroid(vectors: np.ndarray, rows: np.ndarray, on_grid: np.ndarray) -> np.ndarray:
+    """Each of `rows`' nearest centroid (`ivf.nearest`), its rows put on the grid `GRID_ROWS` at a
+    time: the grid of them all would be the last stage's largest array."""
+    found = [ivf.nearest(_grid(vectors, rows[start : start + GRID_ROWS]), on_grid, 1)[:, 0]
+             for start in range(0, len(rows), GRID_ROWS)]
+    return np.concatenate(found) if found else np.zeros(0, np.int32)
+
+
 def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids: np.ndarray | None = None,
                     known: np.ndarray | None = None, rows: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -474,17 +484,23 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids:
     members as positions in `vectors`, or in its `rows` when given), each vector in its nearest
     cluster; order-free, as `ivf.Clusters` is, so the same vectors give the same bytes.
     `centroids`: an earlier build's (an incremental update keeps them, index/anchor.py), else
-    trained; `known`: with them, per vector its cluster where an earlier build found it
-    (`EarlierText.clusters_of`), -1 elsewhere: only the others are scored against every centroid."""
+    trained (`ivf.train`, on the vectors it draws alone: those whose names hash lowest); `known`:
+    with them, per vector its cluster where an earlier build found it (`EarlierText.clusters_of`),
+    -1 elsewhere: only the others are scored against every centroid."""
+    rows = np.arange(len(vectors)) if rows is None else rows
     if centroids is None:
-        clusters = ivf.Clusters.build(_grid(vectors, rows), names, seed, ivf.BUCKET, 1, 1)
+        hashes = ivf.key_hashes(names, seed)
+        n_clusters = max(1, math.ceil(len(rows) / ivf.BUCKET))
+        # the lowest-hashing ones, in their order: train's seeds and sample, which it draws the same from these
+        drawn = np.sort(np.argsort(hashes, kind="stable")[: ivf.SAMPLE_PER_CLUSTER * n_clusters])
+        on_grid = ivf.train(_grid(vectors, rows[drawn]), hashes[drawn], n_clusters)
+        nearest = _nearest_centroid(vectors, rows, on_grid)
     else:
         on_grid = np.asarray(centroids, np.float32) * np.float32(ivf.QUANT)  # exact: they were divided by it
-        rows = np.arange(len(vectors)) if rows is None else rows
         nearest = np.full(len(rows), -1, np.int64) if known is None else np.array(known, np.int64)
         todo = np.flatnonzero(nearest < 0)
-        nearest[todo] = ivf.nearest(_grid(vectors, rows[todo]), on_grid, 1)[:, 0]
-        clusters = ivf.Clusters(on_grid, nearest[:, None].astype(np.int32), 1)
+        nearest[todo] = _nearest_centroid(vectors, rows[todo], on_grid)
+    clusters = ivf.Clusters(on_grid, nearest[:, None].astype(np.int32), 1)
     indptr, members = clusters.members()
     return (clusters.centroids / np.float32(ivf.QUANT)).astype(np.float32), indptr, members
 
