@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .files import (
     npy_parts,
     parquet_bytes,
     write_arrow,
+    write_parquet_parts,
 )
 
 GENERATION_VERSION = 1
@@ -171,6 +173,13 @@ class GenerationWriter:
 
     def table(self, name: str, table: pa.Table) -> None:
         self._write(f"{name}.parquet", parquet_bytes(table))
+
+    def table_parts(self, name: str, schema: pa.Schema, parts: Iterable[pa.Table]) -> None:
+        """A table given in parts, written as they come (`files.write_parquet_parts`: a row group
+        held at a time), then hashed from its file."""
+        path = self.folder / f"{name}.parquet"
+        write_parquet_parts(path, schema, parts)
+        self._record(path.name, path.stat().st_size, file_digest(path))
 
     def array(self, name: str, array: np.ndarray) -> None:
         self._write(f"{name}.npy", *npy_parts(array))

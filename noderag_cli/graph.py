@@ -11,6 +11,7 @@ import functools
 import hashlib
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -452,11 +453,18 @@ class EdgeArrays:
                    np.asarray(kind.to_numpy(), np.int8), edges["weight"].to_numpy(),
                    edges["hnsw"].to_numpy(zero_copy_only=False).astype(bool))
 
-    def table(self, ids: pa.Array) -> pa.Table:
-        """The edge table (`EDGE_SCHEMA`), its ids taken from `ids`."""
-        return pa.table({"source": ids.take(pa.array(self.source)), "target": ids.take(pa.array(self.target)),
-                         "kind": pa.array(EDGE_KINDS, pa.string()).take(pa.array(self.kind)),
-                         "weight": pa.array(self.weight), "hnsw": pa.array(self.hnsw)}, schema=EDGE_SCHEMA)
+    def table(self, ids: pa.Array, start: int = 0, stop: int | None = None) -> pa.Table:
+        """The edge table (`EDGE_SCHEMA`) of the edges from `start` to `stop`, its ids taken from `ids`."""
+        part = slice(start, stop)
+        return pa.table({"source": ids.take(pa.array(self.source[part])),
+                         "target": ids.take(pa.array(self.target[part])),
+                         "kind": pa.array(EDGE_KINDS, pa.string()).take(pa.array(self.kind[part])),
+                         "weight": pa.array(self.weight[part]), "hnsw": pa.array(self.hnsw[part])}, schema=EDGE_SCHEMA)
+
+    def tables(self, ids: pa.Array, rows: int) -> Iterator[pa.Table]:
+        """The edge table in parts of `rows` edges, each made when it is asked for (at least one)."""
+        for start in range(0, max(len(self.kind), 1), rows):
+            yield self.table(ids, start, start + rows)
 
 
 def _rows_of(ids: pa.Array, wanted: pa.Array | pa.ChunkedArray, lookup: IdRows | None) -> np.ndarray:

@@ -221,6 +221,30 @@ def test_an_update_takes_unchanged_vectors_clusters_from_the_earlier_build(tmp_p
             assert np.array_equal(after.array("cluster_rows"), after.array("scanned_rows")[members])
 
 
+def test_a_builds_edge_table_written_a_row_group_at_a_time_is_the_whole_tables_file(tmp_path, monkeypatch):
+    """The last stage makes and writes the edge table a row group at a time (`EdgeArrays.tables`,
+    `Generation.table_parts`): with row groups small enough that the sample corpus's edges take
+    several, the file is the bytes of the whole table written at once, and the build's every other
+    file is the default build's."""
+    import pyarrow.parquet as pq
+
+    from noderag_cli import files
+    from noderag_cli.index import assemble
+
+    api.index(tmp_path / "whole", SAMPLE_CORPUS)
+    monkeypatch.setattr(files, "ROW_GROUP", 1000)
+    monkeypatch.setattr(assemble, "ROW_GROUP", 1000)
+    api.index(tmp_path / "parts", SAMPLE_CORPUS)
+    written = build_file(tmp_path / "parts", "edges.parquet")
+    assert pq.ParquetFile(written).metadata.num_row_groups >= 3
+    edges = pq.read_table(written).combine_chunks()
+    assert written.read_bytes() == files.parquet_bytes(edges).to_pybytes()  # the table whole, groups of 1,000
+    monkeypatch.undo()
+    assert pq.read_table(build_file(tmp_path / "whole", "edges.parquet")).equals(edges)
+    for name in ("nodes.parquet", "walk_indices.npy", "node_text.arrow", "vectors.faiss"):
+        assert build_file(tmp_path / "parts", name).read_bytes() == build_file(tmp_path / "whole", name).read_bytes()
+
+
 def test_the_vector_sides_clusters_are_those_of_the_whole_grid_made_a_block_at_a_time(monkeypatch):
     """`vector_clusters` trains on the vectors `ivf.train` draws alone and puts the rest on the grid a
     block at a time: the centroids and members of training and assigning on the grid of them all."""

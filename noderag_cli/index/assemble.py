@@ -29,8 +29,18 @@ from .. import ivf
 from ..config import Config, config_to_yaml
 from ..embeddings import Embedder
 from ..errors import WorkspaceError
+from ..files import ROW_GROUP
 from ..generation import Generation
-from ..graph import EDGE_KINDS, NODE_COLUMNS, NODE_SCHEMA, EdgeArrays, IdRows, distinct, node_rows
+from ..graph import (
+    EDGE_KINDS,
+    EDGE_SCHEMA,
+    NODE_COLUMNS,
+    NODE_SCHEMA,
+    EdgeArrays,
+    IdRows,
+    distinct,
+    node_rows,
+)
 from ..node_types import NODE_TYPES
 from ..search.prepare import EarlierText, edge_parts_of, prepare
 from ..workspace import VECTOR_DIGESTS, Workspace
@@ -133,7 +143,8 @@ def run(run: Reads, config: Config, embedder: Embedder, before_publish: Callable
         nodes = final_nodes(run, ids)
         node_ids = nodes["id"].combine_chunks()
         edges = EdgeArrays.union([run.read(output) for output in EDGE_OUTPUTS], node_ids)
-        written.append(writing.submit(writer.table, "edges", edges.table(node_ids)))  # let go once written
+        # the edge table made and written a row group at a time (on the writing thread), not whole
+        written.append(writing.submit(writer.table_parts, "edges", EDGE_SCHEMA, edges.tables(node_ids, ROW_GROUP)))
         parts = edge_parts_of(nodes.num_rows, edges)  # all the search needs of the edges
         built = counts(nodes, edges)
         del edges
