@@ -121,15 +121,25 @@ def nearest(grid: np.ndarray, centroids: np.ndarray, count: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, count), np.int32)
 
 
-def train(grid: np.ndarray, hashes: np.ndarray, n_clusters: int, iterations: int = 8,
-          sample_per_cluster: int = SAMPLE_PER_CLUSTER) -> np.ndarray:
+def cluster_count(n: int, bucket: int) -> int:
+    """About n / bucket clusters: how many `Clusters.build` trains."""
+    return max(1, math.ceil(n / bucket))
+
+
+def drawn(hashes: np.ndarray, n_clusters: int) -> np.ndarray:
+    """The rows `train` draws its seeds and sample from, ascending: training on the grid of these
+    alone, with their hashes, gives the centroids of training on every row, without a grid of all."""
+    return np.sort(np.argsort(hashes, kind="stable")[: SAMPLE_PER_CLUSTER * n_clusters])
+
+
+def train(grid: np.ndarray, hashes: np.ndarray, n_clusters: int, iterations: int = 8) -> np.ndarray:
     """k-means centroids on the grid (grid-valued float32), exactly reproducible: seeded by the
-    `n_clusters` lowest-hashing vectors, trained on the `sample_per_cluster x n_clusters`
+    `n_clusters` lowest-hashing vectors, trained on the `SAMPLE_PER_CLUSTER x n_clusters`
     lowest-hashing ones. A centroid that loses every member stays where it was."""
     order = np.argsort(hashes, kind="stable")
     n_clusters = min(n_clusters, len(grid))
     centroids = grid[order[:n_clusters]].astype(np.float32)
-    sample = grid[np.sort(order[: min(len(grid), sample_per_cluster * n_clusters)])]
+    sample = grid[np.sort(order[: min(len(grid), SAMPLE_PER_CLUSTER * n_clusters)])]
     for _ in range(iterations):
         labels = nearest(sample, centroids, 1)[:, 0]
         by_label = np.argsort(labels, kind="stable")
@@ -156,7 +166,7 @@ class Clusters:
     def build(cls, grid: np.ndarray, keys: Sequence[str], seed: int, bucket: int, probes: int,
               assign: int) -> Clusters:
         """About n / bucket clusters of the rows of `grid`, named by `keys`."""
-        n_clusters = max(1, math.ceil(len(grid) / bucket))
+        n_clusters = cluster_count(len(grid), bucket)
         centroids = train(grid, key_hashes(keys, seed), n_clusters)
         return cls(centroids, nearest(grid, centroids, max(probes, assign)), min(assign, len(centroids)))
 

@@ -29,7 +29,6 @@ size, and a question reads only the pages it touches.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -484,15 +483,14 @@ def vector_clusters(vectors: np.ndarray, names: list[str], seed: int, centroids:
     members as positions in `vectors`, or in its `rows` when given), each vector in its nearest
     cluster; order-free, as `ivf.Clusters` is, so the same vectors give the same bytes.
     `centroids`: an earlier build's (an incremental update keeps them, index/anchor.py), else
-    trained (`ivf.train`, on the vectors it draws alone: those whose names hash lowest); `known`:
+    trained (`ivf.train`, on the grid of the vectors it draws alone: `ivf.drawn`); `known`:
     with them, per vector its cluster where an earlier build found it (`EarlierText.clusters_of`),
     -1 elsewhere: only the others are scored against every centroid."""
     rows = np.arange(len(vectors)) if rows is None else rows
     if centroids is None:
         hashes = ivf.key_hashes(names, seed)
-        n_clusters = max(1, math.ceil(len(rows) / ivf.BUCKET))
-        # the lowest-hashing ones, in their order: train's seeds and sample, which it draws the same from these
-        drawn = np.sort(np.argsort(hashes, kind="stable")[: ivf.SAMPLE_PER_CLUSTER * n_clusters])
+        n_clusters = ivf.cluster_count(len(rows), ivf.BUCKET)
+        drawn = ivf.drawn(hashes, n_clusters)
         on_grid = ivf.train(_grid(vectors, rows[drawn]), hashes[drawn], n_clusters)
         nearest = _nearest_centroid(vectors, rows, on_grid)
     else:
