@@ -28,11 +28,19 @@ ID_SCHEMA = pa.schema([("id", pa.string()), ("text_digest", pa.binary(16))])
 update's embedder takes the vector back without reading or hashing the texts (`Embedder.remember`)."""
 
 
+COLUMNS = ["id", "type", "text"]  # what the stage reads of the node tables
+
+
+def embedded(nodes: pa.Table) -> pa.Table:
+    """The nodes of the types that are embedded."""
+    return nodes.filter(pc.is_in(nodes["type"], pa.array(EMBEDDED_TYPES)))
+
+
 def run(nodes: pa.Table, embedder: Embedder) -> tuple[pa.Table, faiss.Index]:
     """The embedded nodes' ids, sorted, with the digests of their texts (`ID_SCHEMA`), and their
-    vector index (`ivf.flat_index`)."""
-    embedded = nodes.filter(pc.is_in(nodes["type"], pa.array(EMBEDDED_TYPES))).sort_by("id")
-    texts = embedded["text"]
+    vector index (`ivf.flat_index`), from the nodes (`COLUMNS` at least; others are passed over)."""
+    embedded_nodes = embedded(nodes).sort_by("id")
+    texts = embedded_nodes["text"]
     digests = []
 
     def blocks() -> Iterator:
@@ -43,7 +51,7 @@ def run(nodes: pa.Table, embedder: Embedder) -> tuple[pa.Table, faiss.Index]:
 
     index = ivf.flat_index(blocks(), embedder.dim)
     text_digests = np.concatenate(digests) if digests else np.zeros(0, "S16")
-    return pa.table({"id": embedded["id"].combine_chunks(),
+    return pa.table({"id": embedded_nodes["id"].combine_chunks(),
                      "text_digest": pa.FixedSizeBinaryArray.from_buffers(  # as bytes: a digest may end in zeros
                          pa.binary(16), len(text_digests), [None, pa.py_buffer(text_digests.tobytes())])},
                     schema=ID_SCHEMA), index

@@ -454,7 +454,8 @@ def _text(run: StageRun) -> dict:
 
 
 def _embed(run: StageRun) -> dict:
-    nodes = run.nodes(*NODE_OUTPUTS)
+    # the embedded nodes' ids and texts alone, each table filtered as it is read: not every column of every node
+    nodes = pa.concat_tables([embed.embedded(run.read(output, embed.COLUMNS)) for output in NODE_OUTPUTS])
     run.reporter.stage_started(run.stage.name, None)
     ids, index = embed.run(nodes, run.embedder)
     spilled = run.embedder.spilled_mb  # the run's vectors held in files until now (a run over its memory budget)
