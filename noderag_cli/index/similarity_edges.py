@@ -651,12 +651,20 @@ def _entries_ahead(grid: np.ndarray, rows: np.ndarray, candidates, cols: np.ndar
     return lo
 
 
+PAIR_ROWS = 65_536  # lists turned into pairs at a time
+
+
 def pairs(neighbours: Neighbours) -> np.ndarray:
-    """Undirected (lo, hi) row pairs of the kept lists, each once, sorted."""
+    """Undirected (lo, hi) row pairs of the kept lists, each once, sorted. Made `PAIR_ROWS` lists at
+    a time: the row and column of every entry at once were the stage's largest temporaries."""
     n, k = neighbours.kept.shape
-    rows = np.repeat(np.arange(n, dtype=np.int64), k)[neighbours.kept.ravel()]
-    cols = neighbours.candidates[:, :k].ravel()[neighbours.kept.ravel()]
-    codes = distinct(np.minimum(rows, cols) * n + np.maximum(rows, cols))
+    codes = [np.zeros(0, np.int64)]
+    for start in range(0, n, PAIR_ROWS):
+        kept = neighbours.kept[start : start + PAIR_ROWS]
+        rows = np.repeat(np.arange(start, start + len(kept), dtype=np.int64), k)[kept.ravel()]
+        cols = neighbours.candidates[start : start + PAIR_ROWS, :k][kept]
+        codes.append(distinct(np.minimum(rows, cols) * n + np.maximum(rows, cols)))
+    codes = distinct(np.concatenate(codes))
     return np.stack([codes // max(n, 1), codes % max(n, 1)], axis=1)
 
 
