@@ -226,10 +226,17 @@ class VectorMemory:
         self.clear()
 
     def hold_in_files(self, folder: Path) -> None:
-        """The blocks made from now on in files under `folder` (`spill.Spill.always`), each one's
-        pages let go from the process once written or read: for a run not expected to fit its
-        memory budget, which holds these vectors through four stages."""
+        """The blocks in files under `folder` (`spill.Spill.always`), each one's pages let go from
+        the process once written or read: for a run not expected to fit its memory budget, which
+        holds these vectors through four stages. The blocks made before (an update's vectors taken
+        back from the last build while the folder was scanned) are moved there; one given whole
+        (the last build's mapped file) stays as it is."""
         self._spill = Spill.always(folder)
+        for number, block in enumerate(self._blocks):
+            if number not in self._given:
+                self._blocks[number] = self._spill.empty(block.shape, block.dtype)
+                self._blocks[number][...] = block
+                release(self._blocks[number])
 
     @property
     def spilled_mb(self) -> float:
@@ -243,6 +250,7 @@ class VectorMemory:
         self._recent: dict[bytes, int] = {}  # digests not sorted in yet, and their rows
         self._blocks: list[np.ndarray] = []
         self._starts: list[int] = []  # the first row of each block
+        self._given: set[int] = set()  # the blocks given whole (`add`), not made here
         self._open = 0  # rows free at the end of the last block (0: it is full, or one given whole)
         self.size = 0
 
@@ -278,6 +286,7 @@ class VectorMemory:
         vectors = np.asarray(vectors).astype(STORED_DTYPE, copy=False)
         self._index(keys, self.size + np.arange(len(keys), dtype=np.int64))
         if whole:
+            self._given.add(len(self._blocks))
             self._blocks.append(vectors)
             self._starts.append(self.size)
             self._open = 0

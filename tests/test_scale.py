@@ -598,20 +598,26 @@ def test_a_tiny_memory_budget_spills_the_similarity_arrays_and_builds_the_same_t
 
 
 def test_an_embedders_vectors_held_in_files_are_the_vectors_held_in_memory(tmp_path):
-    """`VectorMemory.hold_in_files` (a run not expected to fit its budget): vectors added in pieces
-    across blocks come back the same as from memory, whatever rows are asked in whatever order, the
-    files are unlinked as soon as made, and clearing the memory lets the folder go."""
+    """`VectorMemory.hold_in_files` (a run not expected to fit its budget): the blocks made before
+    move to files (a block given whole stays), vectors added after in pieces across blocks come back
+    the same as from memory, whatever rows are asked in whatever order, the files are unlinked as
+    soon as made, and clearing the memory lets the folder go."""
     from noderag_cli.embeddings import MEMORY_BLOCK, VectorMemory
 
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((2 * MEMORY_BLOCK + 999, 8)).astype(np.float16)
     keys = VectorMemory.digests([f"text {i}" for i in range(len(vectors))])
     held, filed = VectorMemory(8), VectorMemory(8)
-    filed.hold_in_files(tmp_path / ".spill")
+    given = 1000  # a block given whole first (the last build's mapped vectors), then one made before the files
     for memory in (held, filed):
-        for start in range(0, len(vectors), 40_000):
+        memory.add(keys[:given], vectors[:given], whole=True)
+        memory.add(keys[given:40_000], vectors[given:40_000])
+    filed.hold_in_files(tmp_path / ".spill")  # the block made so far moves to a file; the given one stays
+    assert not isinstance(filed._blocks[0], np.memmap) and isinstance(filed._blocks[1], np.memmap)
+    for memory in (held, filed):
+        for start in range(40_000, len(vectors), 40_000):
             memory.add(keys[start : start + 40_000], vectors[start : start + 40_000])
-    assert filed.spilled_mb == round(3 * MEMORY_BLOCK * 8 * 2 / 1e6, 1) and held.spilled_mb == 0  # three blocks
+    assert filed.spilled_mb == round(2 * MEMORY_BLOCK * 8 * 2 / 1e6, 1) and held.spilled_mb == 0  # two made blocks
     assert list((tmp_path / ".spill").iterdir()) == []  # mapped, already unlinked
     asked = rng.permutation(len(vectors))[:50_000]
     for memory in (held, filed):
