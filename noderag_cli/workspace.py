@@ -298,19 +298,28 @@ class Workspace:
 
     # generations -------------------------------------------------------------
     def _read_current(self) -> tuple[str | None, str | None]:
-        """(the generation CURRENT names, why it names none): (None, None) when there is no CURRENT."""
+        """(the generation CURRENT names, why it names none): (None, None) when there is no CURRENT.
+        A generation found without its manifest is looked up again while CURRENT names another
+        meanwhile: a run published a newer build and removed that one between the two reads."""
         path = self.root / CURRENT_FILE
-        try:
-            name = path.read_text(encoding="ascii").strip()
-        except FileNotFoundError:
-            return None, None
-        except (OSError, UnicodeDecodeError):
-            return None, "unreadable"
-        if not name or not name.isalnum():
-            return None, "it names no generation"
-        if not (self.generation_dir(name) / "manifest.json").is_file():
-            return None, f"it names {name}, whose manifest is missing"  # named by `_no_generation`
-        return name, None
+        for _ in range(100):
+            try:
+                name = path.read_text(encoding="ascii").strip()
+            except FileNotFoundError:
+                return None, None
+            except (OSError, UnicodeDecodeError):
+                return None, "unreadable"
+            if not name or not name.isalnum():
+                return None, "it names no generation"
+            if (self.generation_dir(name) / "manifest.json").is_file():
+                return name, None
+            try:
+                if path.read_text(encoding="ascii").strip() != name:
+                    continue
+            except (OSError, UnicodeDecodeError):
+                pass
+            break
+        return None, f"it names {name}, whose manifest is missing"  # named by `_no_generation`
 
     def current_name(self) -> str | None:
         """The generation CURRENT names, or None when there is none (or CURRENT is unreadable)."""
